@@ -162,3 +162,35 @@ def total_variation(first: Sequence, second: Sequence):
     """Return the total variation distance (1/2) sum |first - second| between two distributions."""
     a, b = validate_pair(first, second)
     return sum(abs(x - y) for x, y in zip(a, b)) / 2
+
+
+def sample_token(probs: Sequence, uniform) -> int:
+    """Return the token that inverse-CDF sampling picks from ``probs`` for a uniform number in [0, 1).
+
+    Tokens with probability 0 are never returned, even when float rounding leaves the cumulative sum a
+    little below 1 (the last token with positive probability is returned then).
+    """
+    values = validate_distribution(probs)
+    if not 0 <= uniform < 1:
+        raise ValueError(f"uniform must be in [0, 1), got {uniform!r}")
+    cumulative = 0 * values[0]
+    last_positive = max(i for i, value in enumerate(values) if value > 0)
+    for token, value in enumerate(values):
+        cumulative += value
+        if value > 0 and uniform < cumulative:
+            return token
+    return last_positive
+
+
+def speculative_step(target_probs: Sequence, draft_probs: Sequence, rng) -> tuple[int, bool]:
+    """Return (emitted token, accepted?) for one step of speculative sampling, drawing uniforms from ``rng``.
+
+    A plain, one-row reference: draft x from q, accept it when u * q(x) < p(x) (that is u < p(x)/q(x),
+    written without a division), otherwise emit a token of the normalised residual. ``rng`` is anything
+    with a ``random()`` method, such as ``random.Random(seed)``.
+    """
+    target, draft = validate_pair(target_probs, draft_probs)
+    drafted = sample_token(draft, rng.random())
+    if rng.random() * draft[drafted] < target[drafted]:
+        return drafted, True
+    return sample_token(normalized_residual(target, draft), rng.random()), False

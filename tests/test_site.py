@@ -1,0 +1,117 @@
+"""The built site in _build/html: offline, math typeset locally, Colab links, every page present.
+
+`make test` builds the site from a clean _build before pytest runs, so these tests read the fresh build.
+Run on their own, they fail (not skip) when there is no build.
+"""
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
+
+pytestmark = pytest.mark.site
+
+
+@pytest.fixture(scope="module")
+def pages():
+    if not (HTML / "index.html").exists():
+        pytest.fail("no built site in _build/html: run `make book` (or `make test`, which builds it first)")
+    return sorted(HTML.rglob("*.html"))
+
+
+class _Loads(HTMLParser):
+    """Collect every URL a page loads by itself: scripts, stylesheets, images, frames, media."""
+
+    def __init__(self):
+        super().__init__()
+        self.loads: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("script", "img", "iframe", "audio", "video", "source", "embed") and attrs.get("src"):
+            self.loads.append(attrs["src"])
+        if tag == "link" and attrs.get("href"):
+            rel = (attrs.get("rel") or "").lower()
+            if any(word in rel for word in ("stylesheet", "preload", "icon", "modulepreload")):
+                self.loads.append(attrs["href"])
+        if tag == "object" and attrs.get("data"):
+            self.loads.append(attrs["data"])
+
+
+def _remote(url: str) -> bool:
+    return bool(re.match(r"^(https?:)?//", url.strip(), re.I))
+
+
+def test_no_page_loads_anything_from_a_remote_host(pages):
+    offenders = {}
+    for page in pages:
+        parser = _Loads()
+        parser.feed(page.read_text(errors="replace"))
+        remote = [u for u in parser.loads if _remote(u)]
+        # a stylesheet may also pull remote fonts with @import or url()
+        remote += re.findall(r"@import\s+url\(\s*['\"]?((?:https?:)?//[^'\")]+)", page.read_text(errors="replace"))
+        if remote:
+            offenders[str(page.relative_to(HTML))] = remote
+    assert not offenders, f"pages that load remote resources: {offenders}"
+
+
+def test_static_css_imports_nothing_remote(pages):
+    for css in (HTML / "_static").rglob("*.css"):
+        remote = re.findall(r"(?:@import|url\()\s*['\"]?((?:https?:)?//[^'\")\s]+)", css.read_text(errors="replace"))
+        assert not remote, f"{css.relative_to(HTML)} pulls {remote}"
+
+
+def test_mathjax_is_served_locally_with_its_fonts(pages):
+    chapter = HTML / "notebooks" / "02_derivation.html"
+    parser = _Loads()
+    parser.feed(chapter.read_text())
+    mathjax = [u for u in parser.loads if "mathjax" in u.lower()]
+    assert mathjax, "the derivation chapter loads no MathJax"
+    for url in mathjax:
+        assert not _remote(url)
+        assert (chapter.parent / url.split("?")[0]).resolve().is_file(), url
+    fonts = list((HTML / "_static" / "mathjax").rglob("*.woff"))
+    assert fonts, "MathJax's CHTML fonts were not copied into the build"
+
+
+def test_math_reaches_the_pages(pages):
+    text = (HTML / "notebooks" / "02_derivation.html").read_text()
+    assert text.count('class="math') >= 5
+    assert r"\min" in text
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_colab_button_opens_the_paired_ipynb_on_main(pages, chapter):
+    page = (HTML / "notebooks" / f"{chapter}.html").read_text()
+    repo = CONFIG["repository"]["url"].removeprefix("https://github.com/").rstrip("/")
+    expected = f"https://colab.research.google.com/github/{repo}/blob/main/notebooks/{chapter}.ipynb"
+    links = set(re.findall(r"https://colab\.research\.google\.com/[^\"'<>\s]+", page))
+    assert links == {expected}, links
+    assert (ROOT / "notebooks" / f"{chapter}.ipynb").is_file()
+
+
+def test_every_toc_page_was_built(pages):
+    built = {str(p.relative_to(HTML)) for p in pages}
+    for name in ["book/intro.html", "book/notation.html", "book/references.html"]:
+        assert name in built
+    for chapter in CHAPTERS:
+        assert f"notebooks/{chapter}.html" in built
+
+
+def test_glued_numbers_appear_in_the_prose(pages):
+    text = re.sub(r"<[^>]+>", "", (HTML / "notebooks" / "03_three_tokens.html").read_text())
+    # the seed's worked example, computed by the chapter and glued into its prose
+    assert "(1/5, 3/10, 1/5)" in text and "(1, 0, 0)" in text
+
+
+def test_bibliography_lists_the_required_sources(pages):
+    text = (HTML / "book" / "references.html").read_text()
+    for needle in ["Leviathan", "Chen", "vLLM"]:
+        assert needle in text, needle
