@@ -2,7 +2,7 @@
 
 Explained in: book/intro (how the book is built). Every number in the prose is glued from a cell with
 MyST-NB's ``glue``; outside a book build (in Colab, say) ``myst_nb`` may be missing, and :func:`glue`
-then just returns the value, so the chapter still runs.
+then does nothing, so the chapter still runs.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def as_text(value) -> str:
     return str(value)
 
 
-def glue(name: str, value, display: bool = False):
-    """Store ``value`` under ``name`` for the prose (MyST-NB), and return it.
+def glue(name: str, value, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the prose (MyST-NB); return nothing, so a cell shows no echo.
 
     Fractions and sequences of them are stored as :class:`Shown` text such as ``3/10``; other values are
     stored as they are, so ``{glue:text}`name:.3f``` can format numbers.
@@ -48,6 +48,5 @@ def glue(name: str, value, display: bool = False):
     try:
         from myst_nb import glue as myst_glue
     except ImportError:  # not building the book: nothing to store
-        return value
+        return
     myst_glue(name, shown, display=display)
-    return value
