@@ -1,0 +1,222 @@
+"""The batched rejection sampler: verify k drafted tokens per row against the target, in one pass.
+
+Explained in: notebooks/04_transforms and notebooks/05_pitfalls.
+
+Inputs, for a batch of B rows and k drafted tokens per row over a vocabulary of V tokens:
+
+- ``draft_tokens``  ``(B, k)`` int64: the drafted tokens, x_1..x_k;
+- ``draft_probs``   ``(B, k, V)``: q at each drafted position, the distribution each x_i was sampled from;
+- ``target_probs``  ``(B, k+1, V)``: p at the same positions, plus one more for the bonus token;
+- a ``torch.Generator`` (or pre-drawn randomness, see :func:`draw_randomness`).
+
+Both probability tensors must already be the distributions sampled from (see ``transforms``).
+
+Output per row: the number of accepted drafts n, and the emitted tokens x_1..x_n followed by one more:
+a token of the normalised residual max(p - q, 0) at position n+1 if x_{n+1} was rejected, or the bonus
+token from p at position k+1 if all k were accepted.
+
+Numerics. Acceptance is tested as ``u * q(x) < p(x)``: no division, so q(x) = 0 cannot produce inf or NaN.
+The final token is drawn by inverse-CDF sampling on the *unnormalised* weights w = max(p - q, 0): find the
+first token whose running sum of w exceeds u * sum(w). No division happens, tokens with w = 0 can never be
+chosen, and an index past the end (possible only through rounding) is mapped to the last token with
+w > 0. When the residual has no positive mass (p = q up to rounding) the weights fall back to p itself,
+so no row ever samples from an all-zero or NaN vector (the failure behind vLLM advisory
+GHSA-8wr5-jm2h-8r4f). All arithmetic on probabilities is done in float64 (inputs of any float dtype are
+upcast exactly), so the result depends only on the input values and the uniforms.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["SUM_TOLERANCE", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample", "reference_rejection_sample"]
+
+_FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+#: Largest |row sum - 1| accepted per dtype: rounding to half precision moves a sum of V values by far
+#: more than float32 rounding does.
+SUM_TOLERANCE = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler returns for a batch."""
+
+    tokens: torch.Tensor  # (B, k+1) int64: emitted tokens, then -1 padding after num_emitted
+    num_accepted: torch.Tensor  # (B,) int64: accepted drafts n, 0..k
+    num_emitted: torch.Tensor  # (B,) int64: n + 1, always >= 1
+
+    def rows(self) -> list[list[int]]:
+        """Return the emitted tokens of each row as Python lists, without padding."""
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.num_emitted.tolist())]
+
+
+@dataclass
+class Randomness:
+    """The random numbers one call consumes, drawn up front so that two implementations can share them."""
+
+    uniforms: torch.Tensor  # (B, k+1) float64 in [0, 1): k acceptance tests, then one for the final token
+
+
+def draw_randomness(batch: int, k: int, generator: torch.Generator, device=None) -> Randomness:
+    """Return the uniforms for one sampler call over ``batch`` rows of ``k`` drafts, drawn from ``generator``."""
+    device = device if device is not None else generator.device
+    return Randomness(torch.rand((batch, k + 1), generator=generator, dtype=torch.float64, device=device))
+
+
+def _check_inputs(draft_tokens, draft_probs, target_probs, check_values: bool):
+    for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float64, float32, float16 or bfloat16, got {tensor.dtype}")
+        if tensor.ndim != 3:
+            raise ValueError(f"{name} must have shape (batch, positions, vocab), got {tuple(tensor.shape)}")
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError("draft_tokens must be an int64 or int32 tensor of shape (batch, k)")
+    if draft_tokens.ndim != 2:
+        raise ValueError(f"draft_tokens must have shape (batch, k), got {tuple(draft_tokens.shape)}")
+    batch, k = draft_tokens.shape
+    if k < 1 or batch < 1:
+        raise ValueError(f"need batch >= 1 and k >= 1 drafted tokens, got draft_tokens of shape {(batch, k)}")
+    if tuple(draft_probs.shape[:2]) != (batch, k):
+        raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}; expected ({batch}, {k}, V)")
+    if tuple(target_probs.shape[:2]) != (batch, k + 1):
+        raise ValueError(f"target_probs has shape {tuple(target_probs.shape)}; expected ({batch}, {k + 1}, V): "
+                         "k drafted positions plus one for the bonus token")
+    if draft_probs.shape[2] != target_probs.shape[2]:
+        raise ValueError(f"vocabulary mismatch: draft_probs has V = {draft_probs.shape[2]}, "
+                         f"target_probs has V = {target_probs.shape[2]}")
+    if draft_probs.device != target_probs.device or draft_tokens.device != target_probs.device:
+        raise ValueError("draft_tokens, draft_probs and target_probs must be on one device")
+    vocab = target_probs.shape[2]
+    if draft_tokens.min() < 0 or draft_tokens.max() >= vocab:
+        raise ValueError(f"draft_tokens has ids outside [0, {vocab})")
+    if check_values:
+        for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+            row_sums = tensor.sum(dim=-1, dtype=torch.float32)  # (B, positions); one pass over the tensor
+            if not torch.isfinite(row_sums).all():  # any NaN or inf entry makes its row's sum NaN or inf
+                raise ValueError(f"{name} contains NaN or inf")
+            if tensor.amin() < 0:
+                raise ValueError(f"{name} contains negative entries")
+            worst = (row_sums - 1).abs().max().item()
+            if worst > SUM_TOLERANCE[tensor.dtype]:
+                raise ValueError(f"{name} rows must sum to 1: worst |sum - 1| = {worst:.3g} "
+                                 f"> {SUM_TOLERANCE[tensor.dtype]:g} for {tensor.dtype}")
+    return batch, k, vocab
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: Optional[torch.Generator] = None,
+    *,
+    randomness: Optional[Randomness] = None,
+    check_values: bool = True,
+) -> SamplerOutput:
+    """Return accepted counts and emitted tokens for a batch of drafted blocks (see the module docstring).
+
+    Pass either ``generator`` or pre-drawn ``randomness``. ``check_values=False`` skips the O(B k V) scan
+    for NaN, negative entries and row sums (shapes, dtypes and token ids are always checked); the sampler
+    still never emits NaN or an out-of-range id, but garbage in then gives garbage out.
+    """
+    batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs, check_values)
+    if randomness is None:
+        if generator is None:
+            raise ValueError("pass a torch.Generator (the library never uses the global RNG) or randomness")
+        randomness = draw_randomness(batch, k, generator, device=target_probs.device)
+    if tuple(randomness.uniforms.shape) != (batch, k + 1):
+        raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), got {tuple(randomness.uniforms.shape)}")
+    tokens = draft_tokens.long()
+    index = tokens.unsqueeze(-1)  # (B, k, 1)
+    q_drafted = draft_probs.gather(-1, index).squeeze(-1).double()  # (B, k)
+    p_drafted = target_probs[:, :k].gather(-1, index).squeeze(-1).double()  # (B, k)
+    accepted = randomness.uniforms[:, :k] * q_drafted < p_drafted  # (B, k): u < p/q without dividing
+    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # (B,): length of the accepted prefix
+
+    # The final token comes from position n = num_accepted: the residual there, or at n = k the bonus
+    # token. Treating q as 0 at position k makes max(p - 0, 0) = p, so one formula covers both.
+    rows = torch.arange(batch, device=tokens.device)
+    p_final = target_probs.reshape(batch * (k + 1), vocab).index_select(0, rows * (k + 1) + num_accepted)  # (B, V)
+    q_index = rows * k + num_accepted.clamp(max=k - 1)
+    q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V); rows with n = k zeroed below
+    all_accepted = (num_accepted == k).nonzero().squeeze(1)
+    if all_accepted.numel():
+        q_final[all_accepted] = 0
+    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k], finite=check_values)
+
+    positions = torch.arange(k + 1, device=tokens.device).unsqueeze(0)  # (1, k+1)
+    padded = torch.cat([tokens, torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device)], dim=1)
+    out = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
+    out.scatter_(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
+    return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+
+
+def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor, finite: bool) -> torch.Tensor:
+    """Return one token per row of weights max(p - q, 0) (falling back to p), by inverse-CDF sampling.
+
+    ``finite`` says the inputs were checked to hold no NaN, which saves one pass over (B, V). The running
+    sum is built in place, in float64: at B x V this function is bound by memory traffic, not arithmetic.
+    """
+    cumulative = p_final.double().sub_(q_final).clamp_(min=0.0)  # (B, V) unnormalised residual weights
+    if not finite:
+        cumulative.nan_to_num_(nan=0.0)
+    cumulative.cumsum_(dim=-1)
+    empty = ~(cumulative[:, -1] > 0)  # p = q up to rounding (or garbage input): sample from p instead
+    if empty.any():
+        cumulative[empty] = p_final[empty].double().nan_to_num(nan=0.0).clamp(min=0.0).cumsum(dim=-1)
+    threshold = uniform.unsqueeze(1) * cumulative[:, -1:]  # (B, 1), below the total since u < 1
+    token = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)  # first running sum > threshold
+    overflow = token >= cumulative.shape[-1]  # u * total rounded up to the total: take the last w > 0
+    if overflow.any():
+        # the last token whose running sum rises, i.e. the last one with positive weight
+        rises = torch.diff(cumulative, dim=-1, prepend=torch.zeros_like(cumulative[:, :1])) > 0
+        last_positive = cumulative.shape[-1] - 1 - rises.flip(-1).int().argmax(dim=-1)
+        token = torch.where(overflow, last_positive, token)
+    return token
+
+
+def reference_rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    randomness: Randomness,
+) -> SamplerOutput:
+    """Return the same result as :func:`rejection_sample`, computed row by row in plain Python.
+
+    The textbook loop, written for clarity rather than speed: for each row, walk the drafted tokens in
+    order, accept while u * q(x) < p(x), then draw the final token from the residual (or the bonus token
+    from p) by the same inverse-CDF rule. It consumes the same ``randomness``, so for valid inputs its
+    output equals the vectorised sampler's token for token. Used as the test oracle and as the
+    benchmark's per-row baseline.
+    """
+    batch, k = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    tokens = torch.full((batch, k + 1), -1, dtype=torch.long)
+    num_accepted = torch.zeros(batch, dtype=torch.long)
+    uniforms = randomness.uniforms.tolist()
+    for b in range(batch):
+        n = 0
+        for i, x in enumerate(draft_tokens[b].tolist()):
+            if uniforms[b][i] * float(draft_probs[b, i, x]) < float(target_probs[b, i, x]):
+                tokens[b, i] = x
+                n += 1
+            else:
+                break
+        p_row = target_probs[b, n].double().tolist()
+        q_row = draft_probs[b, n].double().tolist() if n < k else [0.0] * vocab
+        weights = [p - q if p > q else 0.0 for p, q in zip(p_row, q_row)]
+        if not sum(weights) > 0:
+            weights = [max(p, 0.0) for p in p_row]
+        running = list(itertools.accumulate(weights))
+        threshold = uniforms[b][k] * running[-1]
+        choice = next((t for t, c in enumerate(running) if c > threshold), None)
+        if choice is None:
+            choice = max(t for t, w in enumerate(weights) if w > 0)
+        tokens[b, n] = choice
+        num_accepted[b] = n
+    return SamplerOutput(tokens=tokens, num_accepted=num_accepted, num_emitted=num_accepted + 1)
