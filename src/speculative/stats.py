@@ -1,0 +1,171 @@
+"""Statistics for "this sampler's output has distribution p": tests, a TV bound, and sample sizes.
+
+Explained in: notebooks/05_pitfalls (power against each mistake) and notebooks/06_three_equalities.
+
+The suite's convention: a goodness-of-fit test *rejects* when its p-value is below
+:data:`FALSE_ALARM_RATE`. For a correct sampler the p-value is (asymptotically) uniform, so each such
+test raises a false alarm with probability 1e-6; all tests use fixed seeds on top of that, so a run of
+the suite is deterministic. Sample sizes for sabotage tests come from :func:`samples_needed`, so the
+power against each planted mistake is stated, not hoped for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as sps
+
+__all__ = [
+    "FALSE_ALARM_RATE",
+    "GofResult",
+    "goodness_of_fit",
+    "tv_estimate",
+    "samples_needed",
+    "counts_of",
+]
+
+#: Reject "the output has distribution p" when the p-value falls below this.
+FALSE_ALARM_RATE = 1e-6
+
+
+@dataclass(frozen=True)
+class GofResult:
+    """A goodness-of-fit result: Pearson's chi-square after pooling sparse cells."""
+
+    statistic: float
+    dof: int
+    p_value: float
+    n: int  # number of samples
+    cells: int  # cells after pooling
+    impossible: int  # samples that fell on outcomes of probability 0
+
+    def rejects(self, false_alarm: float = FALSE_ALARM_RATE) -> bool:
+        return self.p_value < false_alarm
+
+
+def counts_of(samples, num_outcomes: int) -> np.ndarray:
+    """Return how often each outcome 0..num_outcomes-1 occurs in ``samples``; an id outside raises."""
+    values = np.asarray(samples, dtype=np.int64).ravel()
+    if values.size and (values.min() < 0 or values.max() >= num_outcomes):
+        raise ValueError(f"samples contain ids outside [0, {num_outcomes}): min {values.min()}, max {values.max()}")
+    return np.bincount(values, minlength=num_outcomes)
+
+
+def _as_probs(probs: Sequence, size: int) -> np.ndarray:
+    expected = np.array([float(v) for v in probs], dtype=np.float64)
+    if expected.shape != (size,):
+        raise ValueError(f"probs has {expected.size} entries but counts has {size}")
+    if not np.all(np.isfinite(expected)) or np.any(expected < 0):
+        raise ValueError("probs must be finite and non-negative")
+    if abs(expected.sum() - 1) > 1e-6:
+        raise ValueError(f"probs sums to {expected.sum()!r}, not 1")
+    return expected
+
+
+def goodness_of_fit(counts: Sequence[int], probs: Sequence, min_expected: float = 5.0) -> GofResult:
+    """Return Pearson's chi-square test of observed ``counts`` against the distribution ``probs``.
+
+    Cells whose expected count is below ``min_expected`` are pooled into one cell (and the pool takes in
+    the next smallest cells until it reaches ``min_expected`` itself), so the chi-square
+    approximation holds. A sample on an outcome of probability 0 is impossible under ``probs``: the
+    p-value is then 0.
+    """
+    observed = np.asarray(counts, dtype=np.float64).ravel()
+    expected_probs = _as_probs(probs, observed.size)
+    if np.any(observed < 0):
+        raise ValueError("counts must be non-negative")
+    n = int(observed.sum())
+    if n == 0:
+        raise ValueError("no samples: counts sum to 0")
+    impossible = int(observed[expected_probs == 0].sum())
+    if impossible:
+        return GofResult(math.inf, 0, 0.0, n, 0, impossible)
+    keep = expected_probs > 0
+    observed, expected = observed[keep], expected_probs[keep] * n
+    order = np.argsort(expected, kind="stable")
+    observed, expected = observed[order], expected[order]
+    # pool every sparse cell (they form the sorted head), then grow the pool until it is large enough
+    split = int((expected < min_expected).sum())
+    if split:
+        while expected[:split].sum() < min_expected and split < expected.size:
+            split += 1
+        observed = np.concatenate([[observed[:split].sum()], observed[split:]])
+        expected = np.concatenate([[expected[:split].sum()], expected[split:]])
+    cells = expected.size
+    if cells < 2:
+        return GofResult(0.0, 0, 1.0, n, cells, 0)  # one cell: nothing can deviate
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    dof = cells - 1
+    return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), n, cells, 0)
+
+
+def tv_estimate(counts: Sequence[int], probs: Sequence, confidence: float = 0.999) -> tuple[float, float]:
+    """Return (estimated TV, upper confidence bound) between the sampled law and ``probs``.
+
+    The estimate is TV(empirical, probs). The bound adds the L1 concentration of an empirical
+    distribution over V outcomes (Weissman et al., 2003): P(||f - true||_1 >= eps) <= 2^V exp(-n eps^2/2),
+    so with probability ``confidence`` the true TV is at most estimate + sqrt((V ln 2 + ln(1/delta)) / (2n)).
+    The bound is conservative for large V.
+    """
+    observed = np.asarray(counts, dtype=np.float64).ravel()
+    expected = _as_probs(probs, observed.size)
+    n = observed.sum()
+    if n <= 0:
+        raise ValueError("no samples: counts sum to 0")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    estimate = 0.5 * float(np.abs(observed / n - expected).sum())
+    slack = math.sqrt((observed.size * math.log(2) + math.log(1 / (1 - confidence))) / (2 * n))
+    return estimate, estimate + slack
+
+
+def samples_needed(
+    null_probs: Sequence,
+    alternative: Optional[Sequence] = None,
+    tv: Optional[float] = None,
+    false_alarm: float = FALSE_ALARM_RATE,
+    power: float = 0.99,
+) -> int:
+    """Return how many samples the chi-square test needs to reject ``null_probs`` with the given power.
+
+    Give either the ``alternative`` distribution the sampler really has, or only a ``tv`` distance: then
+    the answer holds for *every* alternative at that distance, since sum (a - p)^2 / p >= (2 TV)^2 by
+    Cauchy-Schwarz. Uses the noncentral chi-square approximation (noncentrality n * sum (a - p)^2 / p);
+    samples on outcomes impossible under the null are counted separately, since one suffices to reject.
+    """
+    null = np.array([float(v) for v in null_probs], dtype=np.float64)
+    if not 0 < false_alarm < 1 or not 0 < power < 1:
+        raise ValueError("false_alarm and power must be in (0, 1)")
+    support = null > 0
+    dof = max(int(support.sum()) - 1, 1)
+    if alternative is not None:
+        alt = _as_probs(alternative, null.size)
+        per_sample = float(((alt[support] - null[support]) ** 2 / null[support]).sum())
+        impossible_mass = float(alt[~support].sum())
+    elif tv is not None:
+        if not 0 < tv <= 1:
+            raise ValueError(f"tv must be in (0, 1], got {tv}")
+        per_sample, impossible_mass = 4 * tv * tv, 0.0
+    else:
+        raise ValueError("give the alternative distribution or a tv distance")
+    candidates = []
+    if impossible_mass > 0:
+        candidates.append(math.ceil(math.log(1 - power) / math.log1p(-impossible_mass)) if impossible_mass < 1 else 1)
+    if per_sample > 0:
+        critical = sps.chi2.isf(false_alarm, dof)
+
+        def shortfall(noncentrality: float) -> float:
+            return sps.ncx2.sf(critical, dof, noncentrality) - power
+
+        upper = 1.0
+        while shortfall(upper) < 0:
+            upper *= 2
+        noncentrality = optimize.brentq(shortfall, 0.0, upper, xtol=1e-6)
+        candidates.append(math.ceil(noncentrality / per_sample))
+    if not candidates:
+        raise ValueError("the alternative equals the null: no sample size detects a zero difference")
+    return max(min(candidates), 1)
