@@ -25,6 +25,7 @@ __all__ = [
     "goodness_of_fit",
     "tv_estimate",
     "samples_needed",
+    "detectable_tv",
     "counts_of",
 ]
 
@@ -169,3 +170,22 @@ def samples_needed(
     if not candidates:
         raise ValueError("the alternative equals the null: no sample size detects a zero difference")
     return max(min(candidates), 1)
+
+
+def detectable_tv(
+    n_samples: int, null_probs: Sequence, false_alarm: float = FALSE_ALARM_RATE, power: float = 0.99
+) -> float:
+    """Return the smallest TV distance that ``n_samples`` samples detect with the given power, whatever
+    the alternative (the inverse of :func:`samples_needed` with ``tv``)."""
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    low, high = 1e-9, 1.0
+    if samples_needed(null_probs, tv=high, false_alarm=false_alarm, power=power) > n_samples:
+        return 1.0
+    for _ in range(60):
+        middle = (low * high) ** 0.5
+        if samples_needed(null_probs, tv=middle, false_alarm=false_alarm, power=power) <= n_samples:
+            high = middle
+        else:
+            low = middle
+    return high

@@ -1,0 +1,94 @@
+"""pitfalls.py: exact laws of the wrong rules, and sabotage tests that the statistical test catches each.
+
+Sabotage tests draw n samples from each wrong sampler, where n = stats.samples_needed(..., power=1 - 1e-4)
+for that pitfall's exact law, and assert that the goodness-of-fit test rejects at p < 1e-6. The same test,
+with the same n, must accept the library's real sampler on the same pair (false-alarm rate 1e-6).
+"""
+
+from fractions import Fraction as F
+
+import pytest
+import torch
+
+from speculative import pitfalls, stats
+from speculative.pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
+from speculative.rule import output_distribution, total_variation
+from speculative.sampler import rejection_sample
+
+POWER = 1 - 1e-4
+
+
+def test_at_least_ten_pitfalls_each_documented():
+    assert len(PITFALLS) >= 10
+    assert len({p.key for p in PITFALLS}) == len(PITFALLS)
+    for pitfall in PITFALLS:
+        assert pitfall.title and pitfall.mistake and pitfall.seen_in
+        assert not pitfall.lossless
+
+
+def test_exact_correct_is_the_rule():
+    assert pitfalls.exact_correct(list(SEED_P), list(SEED_Q)) == extend(output_distribution(SEED_P, SEED_Q))
+
+
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("resample_from_target", [F(7, 20), F(39, 100), F(13, 50), 0]),
+        ("greedy_draft_softmax_ratio", [F(2, 5), F(3, 5), 0, 0]),
+        ("prune_reuse_formula", [F(2, 5), F(9, 25), F(6, 25), 0]),
+        ("lenient_acceptance", [F(1, 5), F(1, 2), F(3, 10), 0]),
+    ],
+)
+def test_seed_pair_figures_from_the_design(key, expected):
+    # figures worked by hand in DESIGN.md for p = (1/2, 3/10, 1/5), q = (1/5, 1/2, 3/10)
+    assert pitfalls.find(key).exact_law(SEED_P, SEED_Q) == expected
+
+
+@pytest.mark.parametrize("pitfall", PITFALLS, ids=lambda p: p.key)
+def test_every_pitfall_is_wrong_on_its_demo_pair(pitfall):
+    law = pitfall.exact_law()
+    assert sum(law) == 1
+    assert total_variation(law, extend(pitfall.demo_p)) > 0
+
+
+def test_the_pruning_fix_is_exact_on_many_pairs():
+    import random
+
+    from speculative.exact import random_rational_distribution
+
+    rng = random.Random(4)
+    for _ in range(300):
+        size = rng.randint(1, 8)
+        p, q = random_rational_distribution(size, rng), random_rational_distribution(size, rng)
+        assert FIX.exact_law(p, q) == extend(p)
+
+
+def test_exact_and_sampled_forms_agree():
+    # each sampler makes the same mistake as its exact law: its samples fit that (wrong) law
+    gen = torch.Generator().manual_seed(21)
+    for pitfall in PITFALLS + [FIX]:
+        law = pitfall.exact_law()
+        counts = stats.counts_of(pitfall.draw(20_000, gen), len(law))
+        assert not stats.goodness_of_fit(counts, law).rejects(), pitfall.key
+
+
+@pytest.mark.parametrize("pitfall", PITFALLS, ids=lambda p: p.key)
+def test_sabotage_the_test_catches_each_pitfall(pitfall):
+    target = extend(pitfall.demo_p)
+    law = pitfall.exact_law()
+    n = max(stats.samples_needed(target, law, power=POWER), 50)
+    gen = torch.Generator().manual_seed(1000 + PITFALLS.index(pitfall))
+    wrong = stats.goodness_of_fit(stats.counts_of(pitfall.draw(n, gen), len(target)), target)
+    assert wrong.rejects(), (pitfall.key, n, wrong)
+    # the control: the library's sampler, same pair, same n, same test
+    p = torch.tensor([float(v) for v in pitfall.demo_p], dtype=torch.float64)
+    q = torch.tensor([float(v) for v in pitfall.demo_q], dtype=torch.float64)
+    drafts = torch.multinomial(q, n, replacement=True, generator=gen).unsqueeze(1)
+    right = rejection_sample(drafts, q.expand(n, 1, len(q)), p.expand(n, 2, len(p)), gen)
+    control = stats.goodness_of_fit(stats.counts_of(right.tokens[:, 0], len(target)), target)
+    assert not control.rejects(), (pitfall.key, control)
+
+
+def test_find_unknown_key():
+    with pytest.raises(ValueError, match="unknown pitfall"):
+        pitfalls.find("nope")

@@ -1,0 +1,202 @@
+"""The batched torch sampler: distribution (goodness of fit), determinism, batching, greedy, edge dtypes.
+
+Statistical tests reject at p < FALSE_ALARM_RATE (1e-6); under a correct sampler each fails with
+probability 1e-6 per run, and all seeds are fixed, so the suite is deterministic.
+"""
+
+import pytest
+import torch
+
+from speculative import stats
+from speculative.sampler import (
+    Randomness,
+    draw_randomness,
+    reference_rejection_sample,
+    rejection_sample,
+)
+from speculative.transforms import SamplingConfig, logits_to_probs
+
+
+def _random_probs(shape, generator, sharpness=2.0):
+    return torch.softmax(torch.randn(shape, generator=generator, dtype=torch.float64) * sharpness, dim=-1)
+
+
+def _drafts(draft_probs, generator):
+    batch, k, vocab = draft_probs.shape
+    return torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(batch, k)
+
+
+@pytest.mark.parametrize("vocab, k, seed", [(10, 1, 0), (23, 2, 1), (37, 3, 2), (50, 4, 3)])
+def test_each_emitted_position_follows_the_target(vocab, k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = 30_000
+    # one p and q per position, the same for every row: the token emitted at position j, among rows that
+    # reach it, must follow p_j (drafts at j are independent of how the row got there)
+    target = _random_probs((1, k + 1, vocab), gen).expand(n, k + 1, vocab)
+    draft = _random_probs((1, k, vocab), gen).expand(n, k, vocab)
+    out = rejection_sample(_drafts(draft, gen), draft, target, gen)
+    for j in range(k + 1):
+        reached = out.num_emitted > j
+        if reached.sum() < 200:
+            continue
+        counts = stats.counts_of(out.tokens[reached, j], vocab)
+        result = stats.goodness_of_fit(counts, target[0, j].tolist())
+        assert not result.rejects(), (j, result)
+    assert out.num_emitted.max() == k + 1 or k > 2  # the bonus position is reached when k is small
+
+
+def _toy_tables(vocab, gen):
+    """p and q for contexts (), (x1,), (x1, x2): dense tables of a small autoregressive model."""
+    return [_random_probs((vocab,) * depth + (vocab,), gen, sharpness=1.5) for depth in range(3)]
+
+
+def test_joint_law_of_the_first_two_emitted_tokens():
+    vocab, n = 4, 60_000
+    gen = torch.Generator().manual_seed(11)
+    p0, p1, p2 = _toy_tables(vocab, gen)
+    q0, q1, _ = _toy_tables(vocab, gen)
+    # block 1, gamma = 2: x1 ~ q0, x2 ~ q1[x1]; target at (), (x1,), (x1, x2)
+    x1 = torch.multinomial(q0.expand(n, vocab), 1, generator=gen).squeeze(1)
+    x2 = torch.multinomial(q1[x1], 1, generator=gen).squeeze(1)
+    out = rejection_sample(torch.stack([x1, x2], 1), torch.stack([q0.expand(n, vocab), q1[x1]], 1),
+                           torch.stack([p0.expand(n, vocab), p1[x1], p2[x1, x2]], 1), gen)
+    first, second = out.tokens[:, 0], out.tokens[:, 1].clone()
+    # rows that emitted one token: the second comes from the next block, gamma = 1, context (first,)
+    short = out.num_emitted == 1
+    y = torch.multinomial(q1[first[short]], 1, generator=gen).squeeze(1)
+    nxt = rejection_sample(y.unsqueeze(1), q1[first[short]].unsqueeze(1),
+                           torch.stack([p1[first[short]], p2[first[short], y]], 1), gen)
+    second[short] = nxt.tokens[:, 0]
+    joint = (p0.unsqueeze(1) * p1).reshape(-1)  # P(t1 = a, t2 = b) = p0(a) p1(b | a)
+    counts = stats.counts_of(first * vocab + second, vocab * vocab)
+    result = stats.goodness_of_fit(counts, joint.tolist())
+    assert not result.rejects(), result
+
+
+def test_same_seed_same_result_and_another_seed_differs():
+    gen = torch.Generator().manual_seed(5)
+    target, draft = _random_probs((64, 4, 30), gen), _random_probs((64, 3, 30), gen)
+    drafts = _drafts(draft, gen)
+    a = rejection_sample(drafts, draft, target, torch.Generator().manual_seed(99))
+    b = rejection_sample(drafts, draft, target, torch.Generator().manual_seed(99))
+    c = rejection_sample(drafts, draft, target, torch.Generator().manual_seed(100))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_batched_equals_row_by_row_and_the_reference():
+    gen = torch.Generator().manual_seed(6)
+    batch, k, vocab = 32, 4, 40
+    target, draft = _random_probs((batch, k + 1, vocab), gen), _random_probs((batch, k, vocab), gen)
+    drafts = _drafts(draft, gen)
+    randomness = draw_randomness(batch, k, gen)
+    batched = rejection_sample(drafts, draft, target, randomness=randomness)
+    for b in range(batch):
+        row = rejection_sample(drafts[b:b + 1], draft[b:b + 1], target[b:b + 1],
+                               randomness=Randomness(randomness.uniforms[b:b + 1]))
+        assert torch.equal(row.tokens[0], batched.tokens[b]), b
+    reference = reference_rejection_sample(drafts, draft, target, randomness)
+    assert torch.equal(reference.tokens, batched.tokens)
+    assert torch.equal(reference.num_accepted, batched.num_accepted)
+
+
+def test_greedy_equals_the_target_argmax():
+    gen = torch.Generator().manual_seed(7)
+    batch, k, vocab = 200, 4, 16
+    target_logits = torch.randn(batch, k + 1, vocab, generator=gen)
+    draft_logits = target_logits[:, :k] + 0.8 * torch.randn(batch, k, vocab, generator=gen)
+    greedy = SamplingConfig(temperature=0)
+    target, draft = logits_to_probs(target_logits, greedy), logits_to_probs(draft_logits, greedy)
+    drafts = draft.argmax(-1)
+    out = rejection_sample(drafts, draft, target, gen)
+    argmax = target_logits.argmax(-1)  # (B, k+1)
+    for b in range(batch):
+        n = int(out.num_accepted[b])
+        assert torch.equal(drafts[b, :n], argmax[b, :n])  # accepted drafts are the target's choices
+        assert out.tokens[b, n] == argmax[b, n]  # the correction or bonus is the target's argmax
+        if n < k:
+            assert drafts[b, n] != argmax[b, n]  # and a draft is rejected exactly when it differs
+    assert 0 < out.num_accepted.float().mean() < k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_p_equals_q_accepts_everything_without_nan(dtype):
+    gen = torch.Generator().manual_seed(8)
+    probs = _random_probs((128, 4, 64), gen).to(dtype)
+    drafts = _drafts(probs[:, :3].double(), gen)
+    out = rejection_sample(drafts, probs[:, :3], probs, gen)
+    assert torch.equal(out.num_accepted, torch.full((128,), 3))
+    assert out.tokens.min() >= 0 and out.tokens.max() < 64
+
+
+def test_zero_residual_falls_back_to_the_target():
+    # p sits below q everywhere except rounding: max(p - q, 0) is all zero, yet a rejection can happen
+    n = 20_000
+    q = torch.tensor([[[0.5, 0.5]]], dtype=torch.float32).expand(n, 1, 2)
+    p_row = torch.tensor([0.499, 0.499])  # a rejection has probability 0.002 per row
+    target = torch.stack([p_row, torch.tensor([0.5, 0.5])]).expand(n, 2, 2)
+    drafts = torch.zeros(n, 1, dtype=torch.long)
+    out = rejection_sample(drafts, q, target, torch.Generator().manual_seed(9), check_values=False)
+    emitted = torch.cat([torch.tensor(row) for row in out.rows()])
+    assert emitted.min() >= 0 and emitted.max() < 2
+    assert (out.num_accepted == 0).sum() > 0  # some rejections did take the zero-residual branch
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_follow_their_rounded_target(dtype):
+    gen = torch.Generator().manual_seed(10)
+    n, vocab = 40_000, 20
+    target = _random_probs((1, 2, vocab), gen).to(dtype)
+    draft = _random_probs((1, 1, vocab), gen).to(dtype)
+    target, draft = target.expand(n, 2, vocab), draft.expand(n, 1, vocab)
+    out = rejection_sample(_drafts(draft.double() / draft.double().sum(-1, keepdim=True), gen), draft, target, gen)
+    assert out.tokens[out.tokens >= 0].max() < vocab
+    rounded = target[0, 0].double() / target[0, 0].double().sum()  # the law the half values describe
+    # with q rounded too, the law is p_rounded only up to the rounding of sums (about 1e-3): test at
+    # the level this sample size can see, which is far coarser
+    result = stats.goodness_of_fit(stats.counts_of(out.tokens[:, 0], vocab), rounded.tolist())
+    assert not result.rejects(), result
+
+
+def test_output_layout():
+    gen = torch.Generator().manual_seed(12)
+    target, draft = _random_probs((50, 4, 9), gen), _random_probs((50, 3, 9), gen)
+    out = rejection_sample(_drafts(draft, gen), draft, target, gen)
+    for row, n_emitted, tokens in zip(range(50), out.num_emitted.tolist(), out.rows()):
+        assert len(tokens) == n_emitted and all(0 <= t < 9 for t in tokens)
+        assert (out.tokens[row, n_emitted:] == -1).all()
+    assert torch.equal(out.num_emitted, out.num_accepted + 1)
+
+
+def _valid(batch=2, k=2, vocab=5):
+    gen = torch.Generator().manual_seed(0)
+    target, draft = _random_probs((batch, k + 1, vocab), gen), _random_probs((batch, k, vocab), gen)
+    return _drafts(draft, gen), draft, target
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d, q, p: (d, q, p[:, :-1]), "expected .* k drafted positions plus one"),
+        (lambda d, q, p: (d, q[:, :, :4], p), "vocabulary mismatch"),
+        (lambda d, q, p: (d, q[:1], p), "draft_probs has shape"),
+        (lambda d, q, p: (d.float(), q, p), "draft_tokens must be an int64"),
+        (lambda d, q, p: (d + 10, q, p), "outside"),
+        (lambda d, q, p: (d, q.long(), p), "float64, float32"),
+        (lambda d, q, p: (d, q, p[0]), "shape \\(batch, positions, vocab\\)"),
+        (lambda d, q, p: (d, q.clone().fill_(float("nan")), p), "NaN or inf"),
+        (lambda d, q, p: (d, q - 0.5, p), "negative"),
+        (lambda d, q, p: (d, q * 0.5, p), "sum to 1"),
+    ],
+)
+def test_bad_input(mutate, message):
+    drafts, draft, target = mutate(*_valid())
+    with pytest.raises(ValueError, match=message):
+        rejection_sample(drafts, draft, target, torch.Generator().manual_seed(0))
+
+
+def test_a_generator_or_randomness_is_required():
+    with pytest.raises(ValueError, match="torch.Generator"):
+        rejection_sample(*_valid())
+    with pytest.raises(ValueError, match="uniforms must have shape"):
+        rejection_sample(*_valid(), randomness=Randomness(torch.rand(2, 2, dtype=torch.float64)))

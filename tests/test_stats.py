@@ -1,0 +1,106 @@
+"""stats.py against exact cases and against its own stated error rates (simulated with fixed seeds)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from speculative import stats
+
+P = [0.5, 0.3, 0.2]
+
+
+def test_perfect_fit_has_p_value_one():
+    result = stats.goodness_of_fit([500, 300, 200], P)
+    assert result.statistic == 0 and result.p_value == pytest.approx(1.0)
+    assert result.dof == 2 and result.n == 1000
+
+
+def test_statistic_matches_the_formula():
+    counts = [520, 280, 200]
+    expected = np.array(P) * 1000
+    statistic = float(((np.array(counts) - expected) ** 2 / expected).sum())
+    result = stats.goodness_of_fit(counts, P)
+    assert result.statistic == pytest.approx(statistic)
+    assert result.p_value == pytest.approx(math.exp(-statistic / 2))  # chi-square with 2 dof
+
+
+def test_impossible_outcome_rejects_at_once():
+    result = stats.goodness_of_fit([10, 0, 0, 1], [0.5, 0.3, 0.2, 0.0])
+    assert result.p_value == 0 and result.impossible == 1 and result.rejects()
+
+
+def test_sparse_cells_are_pooled():
+    probs = [0.9] + [0.1 / 20] * 20  # 20 cells of expected 0.5 each with n = 100
+    result = stats.goodness_of_fit([90] + [1] * 10 + [0] * 10, probs)
+    assert result.cells == 2  # the 20 sparse cells form one pool of expected 10
+
+
+def test_false_alarm_rate_is_what_the_p_value_says():
+    # Under the null, P(p-value < 0.01) should be about 0.01; with 4000 fixed-seed trials the count of
+    # alarms is Binomial(4000, 0.01): mean 40, sd 6.3. The band [15, 70] is over 4 sd wide each side.
+    rng = np.random.default_rng(12345)
+    alarms = sum(stats.goodness_of_fit(rng.multinomial(500, P), P).p_value < 0.01 for _ in range(4000))
+    assert 15 <= alarms <= 70
+
+
+def test_samples_needed_delivers_the_stated_power():
+    alternative = [0.35, 0.39, 0.26]
+    n = stats.samples_needed(P, alternative, false_alarm=1e-6, power=0.9)
+    rng = np.random.default_rng(7)
+    hits = sum(stats.goodness_of_fit(rng.multinomial(n, alternative), P).rejects() for _ in range(1000))
+    # stated power 0.9: Binomial(1000, 0.9) has sd 9.5; accept 0.85..0.95 (over 5 sd each side)
+    assert 850 <= hits <= 950
+    # and half the samples is clearly not enough
+    hits_half = sum(stats.goodness_of_fit(rng.multinomial(n // 2, alternative), P).rejects() for _ in range(1000))
+    assert hits_half < 700
+
+
+def test_tv_only_bound_is_conservative():
+    alternative = [0.35, 0.39, 0.26]  # TV 0.15 from P
+    assert stats.samples_needed(P, tv=0.15) >= stats.samples_needed(P, alternative) * 0.999
+
+
+def test_impossible_mass_needs_few_samples():
+    n = stats.samples_needed([0.5, 0.5, 0.0], [0.45, 0.45, 0.1], power=0.999)
+    assert n <= math.ceil(math.log(0.001) / math.log(0.9))
+
+
+def test_detectable_tv_inverts_samples_needed():
+    tv = stats.detectable_tv(10_000, P)
+    assert stats.samples_needed(P, tv=tv) <= 10_000 < stats.samples_needed(P, tv=tv * 0.95)
+
+
+def test_tv_estimate_and_its_bound():
+    estimate, upper = stats.tv_estimate([500, 300, 200], P)
+    assert estimate == 0 and upper > 0
+    # the bound holds: samples from a law at TV 0.15 from P; over 300 fixed-seed draws of 2000 samples the
+    # upper bound never falls below the true 0.15 (its stated failure rate is 1e-3 per draw)
+    rng = np.random.default_rng(3)
+    alternative = [0.35, 0.39, 0.26]
+    bounds = [stats.tv_estimate(rng.multinomial(2000, alternative), P, confidence=0.999)[1] for _ in range(300)]
+    assert min(bounds) >= 0.15
+    estimate, _ = stats.tv_estimate([0, 0, 1000], P)
+    assert estimate == pytest.approx(0.8)
+
+
+def test_counts_of_rejects_out_of_range_ids():
+    assert stats.counts_of([0, 2, 2], 3).tolist() == [1, 0, 2]
+    with pytest.raises(ValueError, match="outside"):
+        stats.counts_of([0, 3], 3)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: stats.goodness_of_fit([1, 2], P), "entries"),
+        (lambda: stats.goodness_of_fit([0, 0, 0], P), "no samples"),
+        (lambda: stats.goodness_of_fit([1, 1, 1], [0.5, 0.5, 0.5]), "sums to"),
+        (lambda: stats.samples_needed(P), "alternative"),
+        (lambda: stats.samples_needed(P, P), "equals the null"),
+        (lambda: stats.tv_estimate([1, 1, 1], P, confidence=1.0), "confidence"),
+    ],
+)
+def test_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
