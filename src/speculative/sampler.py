@@ -21,15 +21,17 @@ first token whose running sum of w exceeds u * sum(w). No division happens, toke
 chosen, and an index past the end (possible only through rounding) is mapped to the last token with
 w > 0. When the residual has no positive mass (p = q up to rounding) the weights fall back to p itself,
 so no row ever samples from an all-zero or NaN vector (the failure behind vLLM advisory
-GHSA-8wr5-jm2h-8r4f). All arithmetic on probabilities is done in float64 (inputs of any float dtype are
-upcast exactly), so the result depends only on the input values and the uniforms.
+GHSA-8wr5-jm2h-8r4f). The acceptance test runs in float64; the residual weights are formed in float32
+(float64 for float64 inputs; half-precision inputs are upcast first) and summed in float64. The result
+depends only on the input values and the uniforms, never on the batch it was computed in.
 """
 
 from __future__ import annotations
 
+import array
 import itertools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -141,13 +143,15 @@ def rejection_sample(
     # The final token comes from position n = num_accepted: the residual there, or at n = k the bonus
     # token. Treating q as 0 at position k makes max(p - 0, 0) = p, so one formula covers both.
     rows = torch.arange(batch, device=tokens.device)
-    p_final = target_probs.reshape(batch * (k + 1), vocab).index_select(0, rows * (k + 1) + num_accepted)  # (B, V)
+    target_flat, p_index = target_probs.reshape(batch * (k + 1), vocab), rows * (k + 1) + num_accepted
+    p_final = target_flat.index_select(0, p_index)  # (B, V)
     q_index = rows * k + num_accepted.clamp(max=k - 1)
     q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V); rows with n = k zeroed below
     all_accepted = (num_accepted == k).nonzero().squeeze(1)
     if all_accepted.numel():
         q_final[all_accepted] = 0
-    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k], finite=check_values)
+    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k], finite=check_values,
+                         regather=lambda: target_flat.index_select(0, p_index))
 
     positions = torch.arange(k + 1, device=tokens.device).unsqueeze(0)  # (1, k+1)
     padded = torch.cat([tokens, torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device)], dim=1)
@@ -156,26 +160,30 @@ def rejection_sample(
     return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
 
 
-def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor, finite: bool) -> torch.Tensor:
+def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor, finite: bool,
+                 regather: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Return one token per row of weights max(p - q, 0) (falling back to p), by inverse-CDF sampling.
 
-    ``finite`` says the inputs were checked to hold no NaN, which saves one pass over (B, V). The running
-    sum is built in place, in float64: at B x V this function is bound by memory traffic, not arithmetic.
+    ``p_final`` and ``q_final`` are fresh (B, V) copies and are overwritten. The weights are computed in
+    float32 (float64 for float64 inputs) and summed in float64. ``finite`` says the inputs were checked
+    to hold no NaN, which saves one pass; ``regather`` returns p_final again for the rare fallback. At
+    B x V this function is bound by memory traffic.
     """
-    cumulative = p_final.double().sub_(q_final).clamp_(min=0.0)  # (B, V) unnormalised residual weights
+    compute = torch.float64 if p_final.dtype == torch.float64 else torch.float32
+    weights = p_final.to(compute).sub_(q_final.to(compute)).clamp_(min=0.0)  # (B, V) unnormalised residual
     if not finite:
-        cumulative.nan_to_num_(nan=0.0)
-    cumulative.cumsum_(dim=-1)
+        weights.nan_to_num_(nan=0.0)
+    cumulative = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # (B, V)
     empty = ~(cumulative[:, -1] > 0)  # p = q up to rounding (or garbage input): sample from p instead
     if empty.any():
-        cumulative[empty] = p_final[empty].double().nan_to_num(nan=0.0).clamp(min=0.0).cumsum(dim=-1)
+        fallback = regather()[empty].to(compute)
+        weights[empty] = fallback.nan_to_num(nan=0.0).clamp(min=0.0)
+        cumulative[empty] = torch.cumsum(weights[empty], dim=-1, dtype=torch.float64)
     threshold = uniform.unsqueeze(1) * cumulative[:, -1:]  # (B, 1), below the total since u < 1
     token = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)  # first running sum > threshold
     overflow = token >= cumulative.shape[-1]  # u * total rounded up to the total: take the last w > 0
     if overflow.any():
-        # the last token whose running sum rises, i.e. the last one with positive weight
-        rises = torch.diff(cumulative, dim=-1, prepend=torch.zeros_like(cumulative[:, :1])) > 0
-        last_positive = cumulative.shape[-1] - 1 - rises.flip(-1).int().argmax(dim=-1)
+        last_positive = cumulative.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1)
         token = torch.where(overflow, last_positive, token)
     return token
 
@@ -210,6 +218,8 @@ def reference_rejection_sample(
         p_row = target_probs[b, n].double().tolist()
         q_row = draft_probs[b, n].double().tolist() if n < k else [0.0] * vocab
         weights = [p - q if p > q else 0.0 for p, q in zip(p_row, q_row)]
+        if target_probs.dtype != torch.float64:
+            weights = array.array("f", weights).tolist()  # the batched sampler forms weights in float32
         if not sum(weights) > 0:
             weights = [max(p, 0.0) for p in p_row]
         running = list(itertools.accumulate(weights))
