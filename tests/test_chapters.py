@@ -80,6 +80,7 @@ _NOT_PROSE = [
     r"(?m)^#+ .*$",  # headings
     r"(?m)^\s*\d+\. ",  # list numbering
     r"\([A-Z]{2,}[\w .-]*\)",  # names such as (GHSA-...)
+    r"#\d+",  # issue and pull-request numbers are names, not figures
 ]
 # a typed figure: a decimal, a fraction, a percentage, or an integer of two or more digits
 _TYPED_FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d+/\d+|\d+ ?%|\d{2,})(?![\w])")

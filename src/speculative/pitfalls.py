@@ -18,6 +18,8 @@ with the real systems that shipped the mistake and a pair of distributions on wh
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
@@ -27,7 +29,8 @@ import torch
 from .rule import normalized_residual, residual, validate_pair
 from .transforms import SamplingConfig, exact_transform
 
-__all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "SEED_P", "SEED_Q"]
+__all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "find", "diff_from_correct",
+           "SEED_P", "SEED_Q"]
 
 SEED_P = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5))
 SEED_Q = (Fraction(1, 5), Fraction(1, 2), Fraction(3, 10))
@@ -511,3 +514,26 @@ def describe_options(options: Optional[dict]) -> str:
     if not options:
         return ""
     return ", ".join(f"{k}={v.describe() if isinstance(v, SamplingConfig) else v}" for k, v in options.items())
+
+
+def _code_lines(function) -> list[tuple[str, str]]:
+    """Return (line as written, line without its comment) for a function's body, docstring dropped."""
+    lines = inspect.getsource(function).splitlines()[1:]  # drop the def line
+    if lines and lines[0].strip().startswith('"""'):
+        end = next(i for i, line in enumerate(lines) if line.rstrip().endswith('"""') and (i > 0 or line.count('"""') == 2))
+        lines = lines[end + 1:]
+    return [(line, line.split("  #")[0].rstrip()) for line in lines]
+
+
+def diff_from_correct(function) -> str:
+    """Return the lines of ``function`` that differ from :func:`exact_correct` (comments ignored when
+    comparing, kept when shown): ``-`` for the right rule's lines, ``+`` for the wrong one's."""
+    reference, changed = _code_lines(exact_correct), _code_lines(function)
+    matcher = difflib.SequenceMatcher(a=[c for _, c in reference], b=[c for _, c in changed], autojunk=False)
+    out = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        out += ["-" + reference[i][1] for i in range(i1, i2)]
+        out += ["+" + changed[j][0] for j in range(j1, j2)]
+    return "\n".join(out)
