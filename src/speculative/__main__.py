@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | bench sampler``.
+"""Command line: ``python -m speculative verify | bench sampler | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 """
@@ -34,7 +34,7 @@ def _device(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m speculative", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench,train}")
 
     verify = commands.add_parser("verify", help="check the rule exactly and print every pitfall's exact law")
     verify.set_defaults(run=_run_verify)
@@ -51,7 +51,40 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--out", default=None, help="write the JSON record here, e.g. results/sampler_cpu.json")
     sampler.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sampler.set_defaults(run=_run_bench_sampler)
+    train = commands.add_parser("train", help="train a target and a draft on the stdlib corpus and save the pair")
+    train.add_argument("--out", required=True, help="folder for the pair (the shipped one is src/speculative/pair)")
+    train.add_argument("--target-seconds", type=float, default=3000.0, help="time budget for the target")
+    train.add_argument("--draft-seconds", type=float, default=720.0, help="time budget for the draft")
+    train.add_argument("--distill", type=float, default=0.5, help="weight of the KL-to-target term for the draft (0: off)")
+    train.add_argument("--target-layers", type=int, default=4)
+    train.add_argument("--target-width", type=int, default=256)
+    train.add_argument("--target-heads", type=int, default=4)
+    train.add_argument("--draft-layers", type=int, default=1)
+    train.add_argument("--draft-width", type=int, default=64)
+    train.add_argument("--draft-heads", type=int, default=2)
+    train.add_argument("--context", type=int, default=256)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", type=_device, default="cpu")
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(run=_run_train)
     return parser
+
+
+def _run_train(args) -> int:
+    from .model import GPTConfig
+    from .pair import train_pair
+
+    if args.target_seconds <= 0 or args.draft_seconds <= 0 or not 0 <= args.distill < 1:
+        print("error: time budgets must be > 0 and --distill in [0, 1)", file=sys.stderr)
+        return 2
+    target = GPTConfig(context=args.context, n_layer=args.target_layers, n_head=args.target_heads,
+                       d_model=args.target_width)
+    draft = GPTConfig(context=args.context, n_layer=args.draft_layers, n_head=args.draft_heads,
+                      d_model=args.draft_width)
+    digest = train_pair(args.out, target, draft, args.target_seconds, args.draft_seconds, args.distill,
+                        args.device, args.seed, progress=not args.no_progress)
+    print(f"pair written to {args.out} (sha256 {digest})")
+    return 0
 
 
 def _run_verify(args) -> int:

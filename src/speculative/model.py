@@ -1,0 +1,154 @@
+"""A tiny byte-level GPT with a static KV cache written by position.
+
+Explained in: notebooks/08_decoding_demo (the model pair) and notebooks/07_cost_model (what a forward costs).
+
+The cache holds keys and values for every position up to ``context``; a forward pass over tokens that
+start at position ``start[b]`` in row b writes its keys and values at ``start[b] .. start[b] + T - 1`` and
+attends to every cached position up to its own. Rows may stand at different positions. Undoing tokens
+after a rejection needs no copy: the caller moves its position back, and the stale slots are simply
+overwritten by the next write (the attention mask never looks past a row's own position).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["GPTConfig", "GPT", "KVCache"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 256  # bytes
+    context: int = 256  # positions the model and its cache can hold
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    d_model: int = 256  # width of the residual stream; must be divisible by n_head
+    dropout: float = 0.0  # training only
+
+    def __post_init__(self):
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        for name in ("vocab_size", "context", "n_layer", "n_head", "d_model"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """Keys and values for every layer and position: tensors (n_layer, B, context, n_head, head_dim)."""
+
+    def __init__(self, config: GPTConfig, batch: int, device=None, dtype=torch.float32):
+        shape = (config.n_layer, batch, config.context, config.n_head, config.d_model // config.n_head)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.batch = batch
+        self.context = config.context
+
+
+class _Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(),
+                                 nn.Linear(4 * config.d_model, config.d_model))
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, layer: int, cache: KVCache | None, positions, mask):
+        batch, steps, width = x.shape  # (B, T, C)
+        head_dim = width // self.n_head
+        q, k, v = self.qkv(self.ln_1(x)).split(width, dim=-1)
+        q = q.view(batch, steps, self.n_head, head_dim)  # (B, T, H, D)
+        k = k.view(batch, steps, self.n_head, head_dim)
+        v = v.view(batch, steps, self.n_head, head_dim)
+        if cache is not None:
+            rows = torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
+            cache.keys[layer][rows, positions] = k.to(cache.keys.dtype)  # write at each row's positions
+            cache.values[layer][rows, positions] = v.to(cache.values.dtype)
+            span = mask.shape[-1]
+            k, v = cache.keys[layer][:, :span].to(q.dtype), cache.values[layer][:, :span].to(q.dtype)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=mask, is_causal=mask is None)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(batch, steps, width)
+        x = x + self.dropout(self.proj(y))
+        return x + self.dropout(self.mlp(self.ln_2(x)))
+
+
+class GPT(nn.Module):
+    """A byte-level decoder-only transformer (pre-norm, learned positions, tied embeddings)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = nn.Embedding(config.context, config.d_model)
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.head.weight = self.token_embedding.weight  # tied: fewer parameters for a tiny model
+        self.apply(self._init)
+        for name, parameter in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):  # GPT-2's scaled init
+                nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch: int, device=None, dtype=None) -> KVCache:
+        """Return an empty cache for ``batch`` rows, on the model's device and dtype unless given."""
+        reference = self.token_embedding.weight
+        return KVCache(self.config, batch, device or reference.device, dtype or reference.dtype)
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor | None = None, cache: KVCache | None = None):
+        """Return logits (B, T, V) for ``tokens`` (B, T) placed at positions start[b] .. start[b] + T - 1.
+
+        Without a cache, ``start`` must be None and the positions are 0 .. T - 1 (training). With a cache,
+        the keys and values are written at those positions and each query attends to every cached
+        position up to its own, so the cache must already hold positions 0 .. start[b] - 1 of row b.
+        """
+        batch, steps = tokens.shape
+        if tokens.dtype not in (torch.int64, torch.int32) or tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+            raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
+        device = tokens.device
+        offsets = torch.arange(steps, device=device)
+        if cache is None:
+            if start is not None:
+                raise ValueError("start positions need a cache")
+            if steps > self.config.context:
+                raise ValueError(f"{steps} tokens exceed the context of {self.config.context}")
+            positions, mask = offsets.expand(batch, steps), None
+        else:
+            if start is None or start.shape != (batch,):
+                raise ValueError(f"with a cache, start must have shape ({batch},)")
+            if cache.batch != batch:
+                raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
+            positions = start.to(device).long().unsqueeze(1) + offsets  # (B, T)
+            if positions.min() < 0 or positions.max() >= self.config.context:
+                raise ValueError(f"positions {positions.min().item()}..{positions.max().item()} fall outside "
+                                 f"the context of {self.config.context}")
+            span = int(positions.max()) + 1  # attend to cached positions 0 .. span - 1 only
+            keys = torch.arange(span, device=device)
+            mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, layer, cache, positions, mask)
+        return self.head(self.ln_f(x))

@@ -1,0 +1,155 @@
+"""Training the target and the draft on the stdlib corpus, within a time budget.
+
+Explained in: notebooks/08_decoding_demo (how the shipped pair was made).
+
+Training is seeded, but a *time* budget makes the number of steps depend on the machine: the log records
+the steps taken, the tokens seen, and validation bits per byte against wall time, so a run says what it
+did. The draft can be distilled from the target: its loss mixes the usual next-byte cross-entropy with
+the KL divergence to the target's next-byte distribution, which raises the acceptance rate.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .model import GPT, GPTConfig
+
+__all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seconds: float = 600.0  # wall-time budget for the optimisation loop
+    batch_size: int = 32  # windows per step
+    learning_rate: float = 2e-3  # peak; warm-up then cosine decay over the time budget
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    eval_every_seconds: float = 60.0
+    eval_windows: int = 48  # fixed validation windows, context bytes each
+    distill_weight: float = 0.0  # 0: plain cross-entropy; > 0: mix in KL to the teacher
+    seed: int = 0
+    device: str = "cpu"
+
+
+def byte_tensor(data: bytes) -> torch.Tensor:
+    """Return ``data`` as a uint8 tensor."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _windows(data: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    index = starts.unsqueeze(1) + torch.arange(length + 1)
+    return data[index].long()  # (B, length + 1): inputs are [:, :-1], targets [:, 1:]
+
+
+@torch.no_grad()
+def bits_per_byte(model: GPT, data: torch.Tensor, windows: int, seed: int = 1234, device: str = "cpu") -> float:
+    """Return the mean next-byte cross-entropy in bits over ``windows`` fixed windows of ``data``."""
+    context = model.config.context
+    if len(data) <= context + 1:
+        raise ValueError(f"validation data of {len(data)} bytes is shorter than one window of {context + 1}")
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - context - 1, (windows,), generator=generator)
+    batch = _windows(data, starts, context).to(device)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for chunk in batch.split(16):
+        logits = model(chunk[:, :-1])
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1),
+                                 reduction="sum").item()
+    model.train(was_training)
+    return total / (batch.shape[0] * context) / math.log(2)
+
+
+def train_model(
+    config: GPTConfig,
+    train_data: bytes,
+    validation_data: bytes,
+    settings: TrainConfig,
+    teacher: Optional[GPT] = None,
+    progress: bool = True,
+    label: str = "model",
+) -> tuple[GPT, dict]:
+    """Return (trained model, log) after ``settings.seconds`` of training from a fixed seed."""
+    from tqdm.auto import tqdm
+
+    if settings.distill_weight and teacher is None:
+        raise ValueError("distill_weight > 0 needs a teacher model")
+    if teacher is not None and teacher.config.vocab_size != config.vocab_size:
+        raise ValueError("teacher and student vocabularies differ")
+    torch.manual_seed(settings.seed)  # parameter initialisation; batches use their own generator below
+    device = settings.device
+    model = GPT(config).to(device)
+    train_bytes, validation_bytes = byte_tensor(train_data), byte_tensor(validation_data)
+    if len(train_bytes) <= config.context + 1:
+        raise ValueError("training data is shorter than one window")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=settings.learning_rate, betas=(0.9, 0.95))
+    batches = torch.Generator().manual_seed(settings.seed + 1)
+    history = []
+    start = time.perf_counter()
+    last_eval = -math.inf
+    step = 0
+    bar = tqdm(total=int(settings.seconds), desc=f"train {label}", unit="s", disable=not progress, file=sys.stderr)
+    train_bpb = float("nan")
+    while True:
+        elapsed = time.perf_counter() - start
+        if elapsed - last_eval >= settings.eval_every_seconds or elapsed >= settings.seconds:
+            val = bits_per_byte(model, validation_bytes, settings.eval_windows, device=device)
+            history.append({"seconds": round(elapsed, 1), "step": step,
+                            "tokens": step * settings.batch_size * config.context,
+                            "train_bpb": round(train_bpb, 4), "validation_bpb": round(val, 4)})
+            bar.set_postfix(step=step, val_bpb=f"{val:.3f}")
+            last_eval = elapsed
+        if elapsed >= settings.seconds:
+            break
+        fraction = min(elapsed / settings.seconds, 1.0)
+        warm = min(1.0, (step + 1) / settings.warmup_steps)
+        lr = settings.min_learning_rate + (settings.learning_rate - settings.min_learning_rate) * warm * 0.5 * (
+            1 + math.cos(math.pi * fraction))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, len(train_bytes) - config.context - 1, (settings.batch_size,), generator=batches)
+        batch = _windows(train_bytes, starts, config.context).to(device)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        train_bpb = loss.item() / math.log(2)
+        if settings.distill_weight:
+            with torch.no_grad():
+                teacher_logprobs = F.log_softmax(teacher(inputs), dim=-1)
+            distill = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logprobs, log_target=True,
+                               reduction="batchmean") / config.context
+            loss = (1 - settings.distill_weight) * loss + settings.distill_weight * distill
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        optimizer.step()
+        step += 1
+        bar.n = min(int(elapsed), int(settings.seconds))
+        bar.refresh()
+    bar.close()
+    model.eval()
+    log = {
+        "label": label,
+        "model": config.to_dict(),
+        "parameters": model.num_parameters(),
+        "train": asdict(settings),
+        "steps": step,
+        "tokens_seen": step * settings.batch_size * config.context,
+        "final_validation_bpb": history[-1]["validation_bpb"],
+        "history": history,
+    }
+    return model, log
