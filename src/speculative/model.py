@@ -42,14 +42,28 @@ class GPTConfig:
 
 
 class KVCache:
-    """Keys and values for every layer and position: tensors (n_layer, B, context, n_head, head_dim)."""
+    """Keys and values for every layer and position: tensors (n_layer, B, length, n_head, head_dim).
 
-    def __init__(self, config: GPTConfig, batch: int, device=None, dtype=torch.float32):
-        shape = (config.n_layer, batch, config.context, config.n_head, config.d_model // config.n_head)
+    ``length`` defaults to the model's context; a shorter cache saves memory when many rows decode a few
+    tokens (the distribution tests run thousands of rows).
+    """
+
+    def __init__(self, config: GPTConfig, batch: int, device=None, dtype=torch.float32, length: int | None = None):
+        length = config.context if length is None else length
+        if not 1 <= length <= config.context:
+            raise ValueError(f"cache length must be in [1, {config.context}], got {length}")
+        shape = (config.n_layer, batch, length, config.n_head, config.d_model // config.n_head)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.batch = batch
-        self.context = config.context
+        self.context = length
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """Return a new cache whose row i is a copy of this cache's row ``rows[i]``."""
+        out = object.__new__(KVCache)
+        out.keys, out.values = self.keys[:, rows].clone(), self.values[:, rows].clone()
+        out.batch, out.context = len(rows), self.context
+        return out
 
 
 class _Block(nn.Module):
@@ -113,10 +127,10 @@ class GPT(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, batch: int, device=None, dtype=None) -> KVCache:
-        """Return an empty cache for ``batch`` rows, on the model's device and dtype unless given."""
+    def new_cache(self, batch: int, device=None, dtype=None, length: int | None = None) -> KVCache:
+        """Return an empty cache for ``batch`` rows (``length`` positions), on the model's device and dtype."""
         reference = self.token_embedding.weight
-        return KVCache(self.config, batch, device or reference.device, dtype or reference.dtype)
+        return KVCache(self.config, batch, device or reference.device, dtype or reference.dtype, length)
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor | None = None, cache: KVCache | None = None):
         """Return logits (B, T, V) for ``tokens`` (B, T) placed at positions start[b] .. start[b] + T - 1.
@@ -142,9 +156,9 @@ class GPT(nn.Module):
             if cache.batch != batch:
                 raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
             positions = start.to(device).long().unsqueeze(1) + offsets  # (B, T)
-            if positions.min() < 0 or positions.max() >= self.config.context:
+            if positions.min() < 0 or positions.max() >= cache.context:
                 raise ValueError(f"positions {positions.min().item()}..{positions.max().item()} fall outside "
-                                 f"the context of {self.config.context}")
+                                 f"the cache's {cache.context} positions")
             span = int(positions.max()) + 1  # attend to cached positions 0 .. span - 1 only
             keys = torch.arange(span, device=device)
             mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)

@@ -27,6 +27,7 @@ __all__ = [
     "samples_needed",
     "detectable_tv",
     "counts_of",
+    "pooled",
 ]
 
 #: Reject "the output has distribution p" when the p-value falls below this.
@@ -67,6 +68,20 @@ def _as_probs(probs: Sequence, size: int) -> np.ndarray:
     return expected
 
 
+def _pool(expected: np.ndarray, observed: np.ndarray, min_expected: float) -> tuple[np.ndarray, np.ndarray]:
+    """Merge every cell expected below ``min_expected`` into one pool, then grow the pool with the next
+    smallest cells until it reaches ``min_expected`` itself. Returns (expected, observed), pooled."""
+    order = np.argsort(expected, kind="stable")
+    expected, observed = expected[order], observed[order]
+    split = int((expected < min_expected).sum())  # the sparse cells form the sorted head
+    if split:
+        while expected[:split].sum() < min_expected and split < expected.size:
+            split += 1
+        expected = np.concatenate([[expected[:split].sum()], expected[split:]])
+        observed = np.concatenate([[observed[:split].sum()], observed[split:]])
+    return expected, observed
+
+
 def goodness_of_fit(counts: Sequence[int], probs: Sequence, min_expected: float = 5.0) -> GofResult:
     """Return Pearson's chi-square test of observed ``counts`` against the distribution ``probs``.
 
@@ -86,16 +101,7 @@ def goodness_of_fit(counts: Sequence[int], probs: Sequence, min_expected: float 
     if impossible:
         return GofResult(math.inf, 0, 0.0, n, 0, impossible)
     keep = expected_probs > 0
-    observed, expected = observed[keep], expected_probs[keep] * n
-    order = np.argsort(expected, kind="stable")
-    observed, expected = observed[order], expected[order]
-    # pool every sparse cell (they form the sorted head), then grow the pool until it is large enough
-    split = int((expected < min_expected).sum())
-    if split:
-        while expected[:split].sum() < min_expected and split < expected.size:
-            split += 1
-        observed = np.concatenate([[observed[:split].sum()], observed[split:]])
-        expected = np.concatenate([[expected[:split].sum()], expected[split:]])
+    expected, observed = _pool(expected_probs[keep] * n, observed[keep], min_expected)
     cells = expected.size
     if cells < 2:
         return GofResult(0.0, 0, 1.0, n, cells, 0)  # one cell: nothing can deviate
@@ -189,3 +195,13 @@ def detectable_tv(
         else:
             low = middle
     return high
+
+
+def pooled(probs: Sequence, n: int, min_expected: float = 5.0) -> list[float]:
+    """Return ``probs`` pooled as :func:`goodness_of_fit` pools them at ``n`` samples (zero cells dropped).
+
+    Power statements about a pooled test use this; a TV distance on pooled cells is at most the TV on the
+    original cells, so a bound stated on pooled cells is conservative."""
+    probs = np.array([float(v) for v in probs if float(v) > 0])
+    expected, _ = _pool(probs * n, np.zeros_like(probs), min_expected)
+    return (expected / n).tolist()

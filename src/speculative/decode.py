@@ -1,0 +1,236 @@
+"""Plain and speculative decoding with KV caches that roll back, batch >= 1, per-row acceptance.
+
+Explained in: notebooks/08_decoding_demo (the loop) and notebooks/06_three_equalities (what it preserves).
+
+State per row: the sequence so far (prompt + generated), of length n. The target's cache always holds
+positions 0 .. n-2 (every token but the last); the draft's cache holds a prefix of that. One speculative
+block:
+
+1. the draft proposes gamma tokens one at a time, each sampled from its transformed distribution q;
+2. the target scores the last token and all gamma drafts in **one** forward over gamma + 1 positions;
+3. ``sampler.rejection_sample`` accepts a prefix of a drafts per row and adds one more token (from the
+   residual, or the bonus token from p when all are accepted);
+4. each row's length moves forward by a + 1. Rolling the caches back is free: positions past a row's
+   length are stale and get overwritten, because attention never looks past a row's own position.
+
+After a fully accepted block the draft has not yet seen its last draft, so the next block feeds it two
+tokens instead of one. The draft's bookkeeping cannot bias the output (the rule corrects for whatever q
+the draft really sampled from); the target's can, and a test plants an off-by-one there to show that the
+distribution test catches it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .model import GPT
+from .sampler import rejection_sample
+from .transforms import SamplingConfig, logits_to_probs
+
+__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law"]
+
+Prompt = Union[bytes, str, Sequence[int]]
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[list[int]]  # generated tokens per row, exactly max_new_tokens each (prompt excluded)
+    target_forwards: int = 0  # forward calls of the target (batched: one call serves every row)
+    draft_forwards: int = 0
+    seconds: float = 0.0
+    accepted: list[torch.Tensor] = field(default_factory=list)  # per block: (B,) accepted drafts, -1 if inactive
+    gamma: int = 0
+
+    def text(self, row: int = 0) -> str:
+        return bytes(self.tokens[row]).decode("utf-8", errors="replace")
+
+    def acceptance_rate(self) -> float:
+        """Return accepted drafts / drafted tokens over active rows of every block (alpha as measured)."""
+        if not self.accepted:
+            return float("nan")
+        counts = torch.stack(self.accepted)  # (blocks, B)
+        active = counts >= 0
+        return float(counts[active].sum()) / float(active.sum() * self.gamma)
+
+    def tokens_per_block(self) -> float:
+        """Return emitted tokens per target call per active row (accepted + 1, averaged)."""
+        counts = torch.stack(self.accepted)
+        return float((counts[counts >= 0] + 1).float().mean())
+
+
+def encode_prompts(prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Return prompts as lists of byte ids; raise on an empty list or an empty prompt."""
+    if isinstance(prompts, (bytes, str)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of prompts (bytes, str or lists of byte ids)")
+    encoded = []
+    for index, prompt in enumerate(prompts):
+        ids = list(prompt.encode("utf-8") if isinstance(prompt, str) else prompt)
+        if not ids:
+            raise ValueError(f"prompt {index} is empty: decoding needs at least one token of context")
+        if any(not 0 <= t < 256 for t in ids):
+            raise ValueError(f"prompt {index} holds ids outside [0, 256)")
+        encoded.append(ids)
+    return encoded
+
+
+def _check(model: GPT, prompts: list[list[int]], max_new_tokens: int, lookahead: int) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    context = model.config.context
+    longest = max(len(p) for p in prompts)
+    if longest > context:
+        raise ValueError(f"a prompt of {longest} tokens is longer than the context of {context}")
+    if longest + max_new_tokens + lookahead > context:
+        raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) + lookahead ({lookahead}) "
+                         f"exceeds the context of {context}")
+
+
+def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row[:width], dtype=torch.long)
+    return out.to(device)
+
+
+def _prefill(model: GPT, prompts: list[list[int]], device, length: int):
+    """Return a cache holding positions 0 .. n-2 of every row (right-padded; padding is never attended).
+
+    Identical prompts are prefilled once and their cache rows copied.
+    """
+    unique = sorted({tuple(p) for p in prompts})
+    slot = {p: i for i, p in enumerate(unique)}
+    cache = model.new_cache(len(unique), length=length)
+    width = max(len(p) for p in unique) - 1
+    if width > 0:
+        model(_padded([list(p[:-1]) for p in unique], width, device),
+              torch.zeros(len(unique), dtype=torch.long, device=device), cache)
+    if len(unique) == len(prompts) and all(slot[tuple(p)] == i for i, p in enumerate(prompts)):
+        return cache
+    return cache.select(torch.tensor([slot[tuple(p)] for p in prompts], device=device))
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+@torch.no_grad()
+def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
+                 config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None) -> DecodeResult:
+    """Return max_new_tokens tokens per prompt, sampled one at a time from the model (one forward each)."""
+    rows = encode_prompts(prompts)
+    _check(model, rows, max_new_tokens, lookahead=0)
+    device = model.token_embedding.weight.device
+    generator = generator or torch.Generator(device=device).manual_seed(0)
+    started = time.perf_counter()
+    cache = _prefill(model, rows, device, length=max(len(r) for r in rows) + max_new_tokens)
+    lengths = torch.tensor([len(r) for r in rows], device=device)
+    last = torch.tensor([r[-1] for r in rows], device=device)
+    generated = []
+    for _ in range(max_new_tokens):
+        logits = model(last.unsqueeze(1), lengths - 1, cache)[:, -1]  # (B, V)
+        last = _sample(logits_to_probs(logits, config), generator)
+        generated.append(last)
+        lengths = lengths + 1
+    tokens = torch.stack(generated, 1).tolist()
+    return DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1, seconds=time.perf_counter() - started)
+
+
+@torch.no_grad()
+def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
+                       config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None
+                       ) -> DecodeResult:
+    """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
+
+    The emitted tokens have the target's distribution under ``config`` (see the module docstring);
+    draft and target go through the same :func:`logits_to_probs`.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
+                         f"draft has {draft.config.vocab_size}")
+    rows = encode_prompts(prompts)
+    _check(target, rows, max_new_tokens, lookahead=gamma + 2)
+    _check(draft, rows, max_new_tokens, lookahead=gamma + 2)
+    device = target.token_embedding.weight.device
+    generator = generator or torch.Generator(device=device).manual_seed(0)
+    batch = len(rows)
+    started = time.perf_counter()
+    capacity = max(len(r) for r in rows) + max_new_tokens + gamma + 2
+    target_cache = _prefill(target, rows, device, length=min(capacity, target.config.context))
+    draft_cache = _prefill(draft, rows, device, length=min(capacity, draft.config.context))
+    target_forwards, draft_forwards = 1, 1
+    sequence = _padded(rows, capacity, device)  # (B, capacity): prompt, then generated tokens
+    lengths = torch.tensor([len(r) for r in rows], device=device)  # n per row
+    prompt_lengths = lengths.clone()
+    draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
+    rows_index = torch.arange(batch, device=device)
+    accepted_log = []
+    while True:
+        active = lengths - prompt_lengths < max_new_tokens
+        if not active.any():
+            break
+        # finished rows still ride along (batched calls), parked at their prompt so they stay in range
+        at = torch.where(active, lengths, prompt_lengths)
+        behind = torch.where(active, draft_behind, 1)
+        # 1. draft gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
+        first_start = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
+        chunk = torch.stack([sequence[rows_index, first_start], sequence[rows_index, first_start + 1]], 1)
+        logits = draft(chunk, first_start, draft_cache)
+        draft_logits = [logits[rows_index, behind - 1]]  # (B, V) at position n - 1
+        draft_forwards += 1
+        drafts, draft_probs = [], []
+        for i in range(gamma):
+            probs = logits_to_probs(draft_logits[-1], config)
+            token = _sample(probs, generator)
+            drafts.append(token)
+            draft_probs.append(probs)
+            if i + 1 < gamma:
+                draft_logits.append(draft(token.unsqueeze(1), at + i, draft_cache)[:, -1])
+                draft_forwards += 1
+        drafts = torch.stack(drafts, 1)  # (B, gamma)
+        # 2. one target forward over the last token and the gamma drafts
+        last = sequence[rows_index, at - 1].unsqueeze(1)
+        target_logits = target(torch.cat([last, drafts], 1), at - 1, target_cache)  # (B, gamma+1, V)
+        target_forwards += 1
+        # 3. accept a prefix and add the correction or bonus token
+        # probabilities from logits_to_probs are valid by construction (it rejects NaN logits), so the
+        # sampler's O(B k V) value scan is skipped here; shapes and ids are still checked
+        out = rejection_sample(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
+                               generator, check_values=False)
+        accepted_log.append(torch.where(active, out.num_accepted, torch.full_like(out.num_accepted, -1)).cpu())
+        # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
+        positions = at.unsqueeze(1) + torch.arange(gamma + 1, device=device)
+        emitted = out.tokens.to(device)
+        keep = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
+        sequence[rows_index.unsqueeze(1).expand_as(positions)[keep], positions[keep]] = emitted[keep]
+        lengths = lengths + torch.where(active, out.num_emitted.to(device), 0)
+        draft_behind = torch.where(out.num_accepted.to(device) == gamma, 2, 1)
+    tokens = [sequence[b, int(prompt_lengths[b]):int(prompt_lengths[b]) + max_new_tokens].tolist()
+              for b in range(batch)]
+    return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
+                        seconds=time.perf_counter() - started, accepted=accepted_log, gamma=gamma)
+
+
+@torch.no_grad()
+def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = SamplingConfig()) -> torch.Tensor:
+    """Return the exact law (256, 256) of the first two bytes the target emits after ``prompt``.
+
+    One forward gives the first byte's distribution p1; one batched forward over the 256 possible first
+    bytes gives each p2(. | a). The law is p1(a) p2(b | a), after the sampling transforms in ``config``.
+    """
+    ids = encode_prompts([prompt])[0]
+    vocab = target.config.vocab_size
+    if len(ids) + 1 > target.config.context:
+        raise ValueError("the prompt leaves no room for two more bytes in the context")
+    device = target.token_embedding.weight.device
+    prefix = torch.tensor([ids], device=device)
+    first = logits_to_probs(target(prefix)[:, -1], config)[0].double()  # (V,)
+    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab, device=device).unsqueeze(1)], 1)
+    second = logits_to_probs(target(extended)[:, -1], config).double()  # (V, V): row a is p2(. | a)
+    law = first.unsqueeze(1) * second
+    return law / law.sum()

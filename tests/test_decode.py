@@ -1,0 +1,129 @@
+"""decode.py on the shipped pair: greedy equality, the exact law of two bytes, a planted rollback bug.
+
+The distribution tests compare the first two bytes speculative decoding emits after a fixed prompt with
+their exact law, computed from the target itself (`exact_two_byte_law`). They reject at p < 1e-6
+(stats.FALSE_ALARM_RATE), so each raises a false alarm with probability 1e-6; seeds are fixed.
+"""
+
+import importlib.util
+import inspect
+import sys
+
+import pytest
+import torch
+
+from speculative import decode, stats
+from speculative.decode import exact_two_byte_law, plain_decode, speculative_decode
+from speculative.model import GPT, GPTConfig
+from speculative.pair import load_pair
+from speculative.transforms import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0)
+ROWS = 12_000  # samples per distribution test
+CHUNK = 1_500  # rows decoded per call, to bound the KV cache memory
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    return load_pair()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_speculative_equals_greedy_plain(pair, gamma):
+    prompts = pair.prompts[:6]
+    plain = plain_decode(pair.target, prompts, 48, GREEDY)
+    fast = speculative_decode(pair.target, pair.draft, prompts, 48, gamma, GREEDY)
+    assert fast.tokens == plain.tokens
+    assert fast.target_forwards < plain.target_forwards  # the drafts did save target calls
+
+
+def test_batch_rows_are_independent(pair):
+    prompts = pair.prompts[:3]
+    together = speculative_decode(pair.target, pair.draft, prompts, 32, 4, GREEDY)
+    alone = [speculative_decode(pair.target, pair.draft, [p], 32, 4, GREEDY).tokens[0] for p in prompts]
+    assert together.tokens == alone
+
+
+def _two_bytes(decoder, pair, config, seed, gamma=4):
+    prompt = pair.prompts[0]
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(ROWS // CHUNK):
+        result = decoder(pair.target, pair.draft, [prompt] * CHUNK, 2, gamma, config, generator)
+        pairs += [row[0] * 256 + row[1] for row in result.tokens]
+    return stats.counts_of(pairs, 256 * 256)
+
+
+def _law(pair, config):
+    return exact_two_byte_law(pair.target, pair.prompts[0], config).reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)],
+                         ids=lambda c: c.describe())
+def test_first_two_bytes_follow_the_exact_law(pair, config):
+    law = _law(pair, config)
+    result = stats.goodness_of_fit(_two_bytes(speculative_decode, pair, config, seed=7), law)
+    assert not result.rejects(), result
+    # what this sample size can see: any law whose TV from this one, on the pooled cells, is this large
+    detectable = stats.detectable_tv(ROWS, stats.pooled(law, ROWS))
+    assert detectable < 0.1
+
+
+def _planted_rollback_bug():
+    """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
+    source = inspect.getsource(decode)
+    correct = "target_logits = target(torch.cat([last, drafts], 1), at - 1, target_cache)"
+    assert source.count(correct) == 1
+    name = "speculative.decode_with_planted_bug"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__package__ = "speculative"
+    sys.modules[name] = module  # dataclasses look their module up while the class is created
+    try:
+        exec(compile(source.replace(correct, correct.replace("at - 1", "at")), name, "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def test_the_distribution_test_catches_an_off_by_one_rollback(pair):
+    broken = _planted_rollback_bug()
+    config = SamplingConfig(temperature=1.0)
+    result = stats.goodness_of_fit(_two_bytes(broken.speculative_decode, pair, config, seed=8), _law(pair, config))
+    assert result.rejects(), result
+
+
+def test_exact_two_byte_law_matches_plain_sampling_marginal(pair):
+    law = exact_two_byte_law(pair.target, pair.prompts[1])
+    logits = pair.target(torch.tensor([list(pair.prompts[1])]))[0, -1]
+    assert torch.allclose(law.sum(1).float(), torch.softmax(logits, -1), atol=1e-5)
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)).eval()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, d: speculative_decode(m, d, [b""], 4, 2), "empty"),
+        (lambda m, d: speculative_decode(m, d, [], 4, 2), "non-empty list"),
+        (lambda m, d: speculative_decode(m, d, [b"x" * 40], 4, 2), "longer than the context"),
+        (lambda m, d: speculative_decode(m, d, [b"x" * 20], 12, 2), "exceeds the context"),
+        (lambda m, d: speculative_decode(m, d, [b"ab"], 4, 0), "gamma"),
+        (lambda m, d: speculative_decode(m, d, [b"ab"], 0, 2), "max_new_tokens"),
+        (lambda m, d: plain_decode(m, [b""], 4), "empty"),
+    ],
+)
+def test_bad_input(call, message):
+    model = _tiny()
+    with pytest.raises(ValueError, match=message):
+        call(model, model)
+
+
+def test_mismatched_vocabularies():
+    target = _tiny()
+    draft = GPT(GPTConfig(vocab_size=128, context=32, n_layer=1, n_head=2, d_model=16))
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        speculative_decode(target, draft, [b"ab"], 4, 2)
