@@ -41,3 +41,18 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "1,2", "--temperature", "0,1",
+                 "--batch", "1,2", "--max-new-tokens", "4", "--repeats", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert len(record["pair_sha256"]) == 64 and len(record["prompts_sha256"]) == 64
+    assert record["config"]["max_new_tokens"] == 4
+    assert len(record["results"]) == 2 * 2 * 2
+    for row in record["results"]:
+        assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["v"] > 0
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_refined"])
+    assert "speedup" in capsys.readouterr().out

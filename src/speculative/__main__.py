@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | bench sampler | train``.
+"""Command line: ``python -m speculative verify | bench sampler | bench decode | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 """
@@ -17,6 +17,16 @@ def _positive_ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _temperatures(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v >= 0 or v == float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be finite and >= 0, got {text!r}")
     return values
 
 
@@ -40,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=_run_verify)
 
     bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record")
-    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler}")
+    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode}")
     sampler = targets.add_parser("sampler", help="the batched rejection sampler vs the plain per-row reference")
     sampler.add_argument("--batch", type=_positive_ints, default=[1, 64], help="batch sizes (default 1,64)")
     sampler.add_argument("--vocab", type=_positive_ints, default=[256, 32000], help="vocabularies (default 256,32000)")
@@ -51,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--out", default=None, help="write the JSON record here, e.g. results/sampler_cpu.json")
     sampler.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sampler.set_defaults(run=_run_bench_sampler)
+    decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair")
+    decode.add_argument("--gamma", type=_positive_ints, default=[1, 2, 4, 6, 8], help="draft lengths (default 1,2,4,6,8)")
+    decode.add_argument("--temperature", type=_temperatures, default=[0.0, 0.7, 1.0],
+                        help="temperatures, 0 = greedy (default 0,0.7,1)")
+    decode.add_argument("--batch", type=_positive_ints, default=[1, 4, 16], help="batch sizes (default 1,4,16)")
+    decode.add_argument("--max-new-tokens", type=int, default=128)
+    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--seed", type=int, default=0)
+    decode.add_argument("--device", type=_device, default="cpu", help="cpu (default) or cuda")
+    decode.add_argument("--pair", default=None, help="folder of a model pair (default: the shipped pair)")
+    decode.add_argument("--out", default=None, help="write the JSON record here, e.g. results/decode_cpu.json")
+    decode.add_argument("--no-progress", action="store_true")
+    decode.set_defaults(run=_run_bench_decode)
     train = commands.add_parser("train", help="train a target and a draft on the stdlib corpus and save the pair")
     train.add_argument("--out", required=True, help="folder for the pair (the shipped one is src/speculative/pair)")
     train.add_argument("--target-seconds", type=float, default=3000.0, help="time budget for the target")
@@ -68,6 +91,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(run=_run_train)
     return parser
+
+
+def _run_bench_decode(args) -> int:
+    from .bench import bench_decode, format_decode_table, write_record
+    from .pair import load_pair
+
+    if args.max_new_tokens < 1 or args.repeats < 1:
+        print("error: --max-new-tokens and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    pair = load_pair(args.pair, device=args.device)
+    record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
+                          args.seed, args.device, progress=not args.no_progress)
+    print(format_decode_table(record))
+    path = write_record(record, args.out)
+    if path:
+        print(f"record written to {path}")
+    return 0
 
 
 def _run_train(args) -> int:

@@ -156,3 +156,147 @@ def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     return out
+
+
+def _forward_costs(pair, batch: int, gammas, device: str, calls: int = 30) -> dict:
+    """Return median seconds of: one draft token, one target token, and target over gamma+1 tokens."""
+    from .decode import _prefill, encode_prompts
+
+    rows = encode_prompts(pair.prompts[:batch])
+    start = torch.tensor([len(r) - 1 for r in rows], device=device)
+    token = torch.tensor([[r[-1]] for r in rows], device=device)
+    out = {}
+
+    def median_time(model, tokens):
+        cache = _prefill(model, rows, device, length=model.config.context)
+        with torch.no_grad():
+            model(tokens, start, cache)
+            times = []
+            for _ in range(calls):
+                began = time.perf_counter()
+                model(tokens, start, cache)
+                _sync(device)
+                times.append(time.perf_counter() - began)
+        return statistics.median(times)
+
+    out["draft_1"] = median_time(pair.draft, token)
+    out["target_1"] = median_time(pair.target, token)
+    for gamma in gammas:
+        out[f"target_{gamma + 1}"] = median_time(pair.target, token.repeat(1, gamma + 1))
+    return out
+
+
+def bench_decode(
+    pair,
+    gammas: Iterable[int] = (1, 2, 4, 6, 8),
+    temperatures: Iterable[float] = (0.0, 0.7, 1.0),
+    batches: Iterable[int] = (1, 4, 16),
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict:
+    """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma).
+
+    For each batch size and temperature, plain decoding and speculative decoding at every gamma run in
+    turn, ``repeats`` times, on the same prompts (the first ``batch`` of the pair's held-out prompts) with
+    the same seed. Reported per point: alpha, tokens per target forward, c (draft / target cost of one
+    token), v (target cost of gamma+1 tokens / one), tokens per second for both, the measured speedup,
+    Leviathan et al.'s prediction from alpha and c, the refined prediction tokens_per_forward / (gamma c + v),
+    and the efficiency measured / refined prediction.
+    """
+    from tqdm.auto import tqdm
+
+    from .decode import plain_decode, speculative_decode
+    from .transforms import SamplingConfig
+
+    gammas, temperatures, batches = list(gammas), list(temperatures), list(batches)
+    if max(batches) > len(pair.prompts):
+        raise ValueError(f"batch {max(batches)} needs more prompts than the pair ships ({len(pair.prompts)})")
+    rows = []
+    total = len(batches) * len(temperatures) * repeats * (1 + len(gammas))
+    bar = tqdm(total=total, desc="decode bench", disable=not progress, file=sys.stderr)
+    for batch in batches:
+        prompts = pair.prompts[:batch]
+        costs = _forward_costs(pair, batch, gammas, device)
+        for temperature in temperatures:
+            config = SamplingConfig(temperature=temperature)
+            plain_times, spec_times, spec_results = [], {g: [] for g in gammas}, {}
+            warm = torch.Generator(device=device).manual_seed(seed)
+            plain_decode(pair.target, prompts, 8, config, warm)  # warm-up, not timed
+            speculative_decode(pair.target, pair.draft, prompts, 8, gammas[0], config, warm)
+            for repeat in range(repeats):
+                generator = torch.Generator(device=device).manual_seed(seed + repeat)
+                plain_times.append(plain_decode(pair.target, prompts, max_new_tokens, config, generator).seconds)
+                bar.update()
+                for gamma in gammas:
+                    generator = torch.Generator(device=device).manual_seed(seed + repeat)
+                    result = speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma, config,
+                                                generator)
+                    spec_times[gamma].append(result.seconds)
+                    spec_results.setdefault(gamma, []).append(result)
+                    bar.update()
+            plain_tps = batch * max_new_tokens / statistics.median(plain_times)
+            c = costs["draft_1"] / costs["target_1"]
+            for gamma in gammas:
+                results = spec_results[gamma]
+                accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
+                active = accepted[accepted >= 0].double()
+                alpha = float(active.mean() / gamma)
+                tokens_per_forward = float((active + 1).mean())
+                v = costs[f"target_{gamma + 1}"] / costs["target_1"]
+                spec_tps = batch * max_new_tokens / statistics.median(spec_times[gamma])
+                measured = spec_tps / plain_tps
+                leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
+                refined = tokens_per_forward / (gamma * c + v)
+                rows.append({
+                    "batch": batch, "temperature": temperature, "gamma": gamma,
+                    "alpha": alpha, "tokens_per_target_forward": tokens_per_forward, "c": c, "v": v,
+                    "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
+                    "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
+                    "efficiency": measured / refined,
+                    "forward_costs_s": costs,
+                    # per row of the first repeat: accepted drafts in each block, -1 once the row is done
+                    "accepted_per_block": torch.stack(results[0].accepted).T.tolist(),
+                })
+    bar.close()
+    return {
+        "benchmark": "decode",
+        "what": "plain vs speculative decoding, side by side, same prompts and seeds; medians over repeats",
+        "environment": environment(device),
+        "pair_sha256": pair.sha256,
+        "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",
+                                          "draft_parameters") if k in pair.info},
+        "prompts_sha256": _prompts_hash(pair.prompts),
+        "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches,
+                   "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
+                   "top_p": None, "top_k": None},
+        "results": rows,
+    }
+
+
+def _prompts_hash(prompts) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        digest.update(len(prompt).to_bytes(4, "big") + prompt)
+    return digest.hexdigest()
+
+
+def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None) -> str:
+    """Return the decode record (optionally one batch size or one gamma) as a plain-text table."""
+    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'c':>6} {'plain tok/s':>11} "
+             f"{'spec tok/s':>10} {'speedup':>7} {'pred.':>6} {'refined':>7} {'effic.':>6}"]
+    for row in record["results"]:
+        if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
+            continue
+        lines.append(f"{row['batch']:>5} {row['temperature']:>4g} {row['gamma']:>5} {row['alpha']:>6.3f} "
+                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['plain_tokens_per_s']:>11.0f} "
+                     f"{row['speculative_tokens_per_s']:>10.0f} {row['speedup']:>6.2f}x {row['predicted_leviathan']:>5.2f}x "
+                     f"{row['predicted_refined']:>6.2f}x {row['efficiency']:>6.2f}")
+    env = record["environment"]
+    lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
+                 f"{env['threads']} threads; pair {record['pair_sha256'][:12]}")
+    return "\n".join(lines)

@@ -21,7 +21,8 @@ import torch
 
 from .model import GPT, GPTConfig
 
-__all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "make_prompts", "train_pair", "sha256_file"]
+__all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "get_pair", "make_prompts", "train_pair",
+           "sha256_file"]
 
 PAIR_DIR = Path(__file__).resolve().parent / "pair"
 PAIR_FILES = ("target.safetensors", "draft.safetensors", "pair.json", "train_log.json", "prompts.json")
@@ -153,3 +154,21 @@ def train_pair(
     }
     log = {"corpus": corpus_info, "environment": environment, "target": target_log, "draft": draft_log}
     return save_pair(folder, target, draft, info, log, make_prompts(corpus.validation))
+
+
+def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: float = 60.0, device="cpu",
+             dtype=torch.float32) -> Pair:
+    """Return the shipped pair (checksums verified), or with ``train_small=True`` a small pair trained now.
+
+    The small pair (a 2-layer target and a 1-layer draft, ``seconds`` of training in all) is written to
+    ``folder`` (default: a fresh temporary folder) and loaded from there through the same checks. It
+    exists for machines without the shipped files; its numbers are not the book's.
+    """
+    if not train_small:
+        return load_pair(folder, device=device, dtype=dtype)
+    import tempfile
+
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="speculative-pair-"))
+    train_pair(folder, GPTConfig(n_layer=2, n_head=2, d_model=64), GPTConfig(n_layer=1, n_head=2, d_model=32),
+               target_seconds=seconds * 0.7, draft_seconds=seconds * 0.3, device=device, progress=False)
+    return load_pair(folder, device=device, dtype=dtype)
