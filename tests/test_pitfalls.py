@@ -100,3 +100,16 @@ def test_diff_from_correct_shows_only_the_changed_lines():
     assert diff == ["-    r = normalized_residual(p, q)", "+    r = p  # MISTAKE: after a rejection, draw from p itself"]
     for pitfall in PITFALLS + [FIX]:
         assert pitfalls.diff_from_correct(pitfall.exact).strip(), pitfall.key
+
+
+def test_batched_typical_acceptance_has_the_exact_wrong_law():
+    sampler = pitfalls.typical_acceptance_sampler()
+    gen = torch.Generator().manual_seed(31)
+    n = 20_000
+    p = torch.tensor([float(v) for v in SEED_P], dtype=torch.float64)
+    q = torch.tensor([float(v) for v in SEED_Q], dtype=torch.float64)
+    drafts = torch.multinomial(q, n, replacement=True, generator=gen).unsqueeze(1)
+    out = sampler(drafts, q.expand(n, 1, 3), p.expand(n, 2, 3), gen)
+    counts = stats.counts_of(out.tokens[:, 0], 4)
+    assert not stats.goodness_of_fit(counts, pitfalls.find("typical_acceptance").exact_law()).rejects()
+    assert stats.goodness_of_fit(counts, extend(SEED_P)).rejects()

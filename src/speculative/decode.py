@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -141,12 +141,14 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
 
 @torch.no_grad()
 def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
-                       config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None
-                       ) -> DecodeResult:
+                       config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
+                       sampler: Callable = rejection_sample) -> DecodeResult:
     """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
 
     The emitted tokens have the target's distribution under ``config`` (see the module docstring);
-    draft and target go through the same :func:`logits_to_probs`.
+    draft and target go through the same :func:`logits_to_probs`. ``sampler`` is the verification rule
+    (``rejection_sample``'s signature); chapters swap in a biased one from ``pitfalls`` to show what a
+    wrong rule does on a real model pair.
     """
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
@@ -200,8 +202,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         # 3. accept a prefix and add the correction or bonus token
         # probabilities from logits_to_probs are valid by construction (it rejects NaN logits), so the
         # sampler's O(B k V) value scan is skipped here; shapes and ids are still checked
-        out = rejection_sample(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
-                               generator, check_values=False)
+        out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
+                      generator, check_values=False)
         accepted_log.append(torch.where(active, out.num_accepted, torch.full_like(out.num_accepted, -1)).cpu())
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
         positions = at.unsqueeze(1) + torch.arange(gamma + 1, device=device)

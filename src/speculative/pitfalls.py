@@ -30,6 +30,7 @@ from .rule import normalized_residual, residual, validate_pair
 from .transforms import SamplingConfig, exact_transform
 
 __all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "find", "diff_from_correct",
+           "typical_acceptance_sampler",
            "SEED_P", "SEED_Q"]
 
 SEED_P = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5))
@@ -537,3 +538,27 @@ def diff_from_correct(function) -> str:
         out += ["-" + reference[i][1] for i in range(i1, i2)]
         out += ["+" + changed[j][0] for j in range(j1, j2)]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- batched, for real decoding
+
+
+def typical_acceptance_sampler(epsilon: float = float(TYPICAL_EPSILON)) -> Callable:
+    """Return a batched verification rule with ``rejection_sample``'s signature that makes the typical-
+    acceptance mistake (entry "typical_acceptance"): keep a draft while p(x) >= epsilon, and on the first
+    draft below it emit a token drawn from p. Fast and plausible, but not the target's distribution."""
+    from .sampler import SamplerOutput
+
+    def sample(draft_tokens, draft_probs, target_probs, generator, check_values=True):
+        batch, k = draft_tokens.shape
+        p_drafted = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        num_accepted = (p_drafted >= epsilon).long().cumprod(dim=-1).sum(dim=-1)  # (B,)
+        rows = torch.arange(batch, device=draft_tokens.device)
+        final = torch.multinomial(target_probs[rows, num_accepted].float(), 1, generator=generator).squeeze(1)
+        positions = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
+        padded = torch.cat([draft_tokens, torch.full((batch, 1), -1, device=draft_tokens.device)], 1)
+        out = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
+        out.scatter_(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
+        return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+
+    return sample
