@@ -104,3 +104,16 @@ def test_counts_of_rejects_out_of_range_ids():
 def test_bad_input(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_two_sample_test_accepts_same_law_and_rejects_another():
+    rng = np.random.default_rng(21)
+    # same law: over 2000 fixed-seed trials the alarm count at level 0.01 is Binomial(2000, 0.01):
+    # mean 20, sd 4.5; accept [5, 40]
+    alarms = sum(stats.two_sample_test(rng.multinomial(400, P), rng.multinomial(600, P)).p_value < 0.01
+                 for _ in range(2000))
+    assert 5 <= alarms <= 40
+    different = stats.two_sample_test(rng.multinomial(3000, P), rng.multinomial(3000, [0.35, 0.39, 0.26]))
+    assert different.rejects()
+    with pytest.raises(ValueError, match="differ in length"):
+        stats.two_sample_test([1, 2], [1, 2, 3])

@@ -28,6 +28,7 @@ __all__ = [
     "detectable_tv",
     "counts_of",
     "pooled",
+    "two_sample_test",
 ]
 
 #: Reject "the output has distribution p" when the p-value falls below this.
@@ -68,18 +69,17 @@ def _as_probs(probs: Sequence, size: int) -> np.ndarray:
     return expected
 
 
-def _pool(expected: np.ndarray, observed: np.ndarray, min_expected: float) -> tuple[np.ndarray, np.ndarray]:
+def _pool(expected: np.ndarray, *observed: np.ndarray, min_expected: float = 5.0) -> tuple[np.ndarray, ...]:
     """Merge every cell expected below ``min_expected`` into one pool, then grow the pool with the next
-    smallest cells until it reaches ``min_expected`` itself. Returns (expected, observed), pooled."""
+    smallest cells until it reaches ``min_expected`` itself. Returns (expected, *observed), pooled alike."""
     order = np.argsort(expected, kind="stable")
-    expected, observed = expected[order], observed[order]
-    split = int((expected < min_expected).sum())  # the sparse cells form the sorted head
+    arrays = [expected[order]] + [o[order] for o in observed]
+    split = int((arrays[0] < min_expected).sum())  # the sparse cells form the sorted head
     if split:
-        while expected[:split].sum() < min_expected and split < expected.size:
+        while arrays[0][:split].sum() < min_expected and split < arrays[0].size:
             split += 1
-        expected = np.concatenate([[expected[:split].sum()], expected[split:]])
-        observed = np.concatenate([[observed[:split].sum()], observed[split:]])
-    return expected, observed
+        arrays = [np.concatenate([[x[:split].sum()], x[split:]]) for x in arrays]
+    return tuple(arrays)
 
 
 def goodness_of_fit(counts: Sequence[int], probs: Sequence, min_expected: float = 5.0) -> GofResult:
@@ -101,7 +101,7 @@ def goodness_of_fit(counts: Sequence[int], probs: Sequence, min_expected: float 
     if impossible:
         return GofResult(math.inf, 0, 0.0, n, 0, impossible)
     keep = expected_probs > 0
-    expected, observed = _pool(expected_probs[keep] * n, observed[keep], min_expected)
+    expected, observed = _pool(expected_probs[keep] * n, observed[keep], min_expected=min_expected)
     cells = expected.size
     if cells < 2:
         return GofResult(0.0, 0, 1.0, n, cells, 0)  # one cell: nothing can deviate
@@ -203,5 +203,36 @@ def pooled(probs: Sequence, n: int, min_expected: float = 5.0) -> list[float]:
     Power statements about a pooled test use this; a TV distance on pooled cells is at most the TV on the
     original cells, so a bound stated on pooled cells is conservative."""
     probs = np.array([float(v) for v in probs if float(v) > 0])
-    expected, _ = _pool(probs * n, np.zeros_like(probs), min_expected)
+    (expected,) = _pool(probs * n, min_expected=min_expected)
     return (expected / n).tolist()
+
+
+def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expected: float = 5.0) -> GofResult:
+    """Return the chi-square test that two samples come from one distribution (a 2 x K homogeneity test).
+
+    Cells are pooled, smallest first, until every remaining cell expects at least ``min_expected`` in
+    both samples under the pooled proportions; cells empty in both samples are dropped.
+    """
+    a = np.asarray(counts_a, dtype=np.float64).ravel()
+    b = np.asarray(counts_b, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"the two count vectors differ in length: {a.size} and {b.size}")
+    if np.any(a < 0) or np.any(b < 0):
+        raise ValueError("counts must be non-negative")
+    n_a, n_b = a.sum(), b.sum()
+    if n_a == 0 or n_b == 0:
+        raise ValueError("both samples need at least one observation")
+    keep = (a + b) > 0
+    a, b = a[keep], b[keep]
+    share = (a + b) / (n_a + n_b)
+    smaller = min(n_a, n_b)
+    # pool by the smaller sample's expected counts, so both expectations reach min_expected
+    pooled_expected, a, b = _pool(share * smaller, a, b, min_expected=min_expected)
+    pooled_share = pooled_expected / smaller
+    cells = pooled_share.size
+    if cells < 2:
+        return GofResult(0.0, 0, 1.0, int(n_a + n_b), cells, 0)
+    expected_a, expected_b = pooled_share * n_a, pooled_share * n_b
+    statistic = float(((a - expected_a) ** 2 / expected_a).sum() + ((b - expected_b) ** 2 / expected_b).sum())
+    dof = cells - 1
+    return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), int(n_a + n_b), cells, 0)
