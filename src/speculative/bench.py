@@ -22,7 +22,8 @@ import torch
 
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 
-__all__ = ["environment", "time_side_by_side", "bench_sampler", "write_record"]
+__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "write_record", "demo_settings",
+           "format_sampler_table", "format_decode_table"]
 
 
 def _cpu_name() -> str:
@@ -300,3 +301,17 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
                  f"{env['threads']} threads; pair {record['pair_sha256'][:12]}")
     return "\n".join(lines)
+
+
+def demo_settings(device: str) -> dict:
+    """Return the sizes a chapter should run at: small on CPU, full on a GPU or with SPECULATIVE_SCALE=full.
+
+    This is the one place that reads ``SPECULATIVE_SCALE``.
+    """
+    full = os.environ.get("SPECULATIVE_SCALE", "").lower() == "full" or device.startswith("cuda")
+    if full:
+        return {"scale": "full", "gammas": [1, 2, 4, 6, 8], "temperatures": [0.0, 0.7, 1.0],
+                "batches": [1, 4, 16], "max_new_tokens": 128, "repeats": 3, "distribution_rows": 24_000,
+                "task_rows": 256}
+    return {"scale": "small", "gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4],
+            "max_new_tokens": 64, "repeats": 1, "distribution_rows": 6_000, "task_rows": 96}

@@ -31,7 +31,8 @@ from .model import GPT
 from .sampler import rejection_sample
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law"]
+__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law",
+           "completion_bits_per_byte"]
 
 Prompt = Union[bytes, str, Sequence[int]]
 
@@ -236,3 +237,25 @@ def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = Sam
     second = logits_to_probs(target(extended)[:, -1], config).double()  # (V, V): row a is p2(. | a)
     law = first.unsqueeze(1) * second
     return law / law.sum()
+
+
+@torch.no_grad()
+def completion_bits_per_byte(target: GPT, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Return, per row, the mean -log2 p(byte | context) the target assigns to the completion's bytes."""
+    rows = encode_prompts(prompts)
+    if len(rows) != len(completions):
+        raise ValueError(f"{len(rows)} prompts but {len(completions)} completions")
+    lengths = [len(r) + len(c) for r, c in zip(rows, completions)]
+    if max(lengths) > target.config.context:
+        raise ValueError("a prompt plus its completion exceeds the target's context")
+    device = target.token_embedding.weight.device
+    width = max(lengths)
+    tokens = _padded([r + list(c) for r, c in zip(rows, completions)], width, device)
+    logprobs = torch.log_softmax(target(tokens).double(), dim=-1)  # (B, width, V)
+    out = []
+    for b, (prompt, completion) in enumerate(zip(rows, completions)):
+        start = len(prompt)
+        picked = logprobs[b, start - 1:start - 1 + len(completion)].gather(
+            -1, torch.tensor(list(completion), device=device).unsqueeze(1))
+        out.append(-picked.mean() / torch.log(torch.tensor(2.0, dtype=torch.float64)))
+    return torch.stack(out)
