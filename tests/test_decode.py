@@ -127,3 +127,25 @@ def test_mismatched_vocabularies():
     draft = GPT(GPTConfig(vocab_size=128, context=32, n_layer=1, n_head=2, d_model=16))
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         speculative_decode(target, draft, [b"ab"], 4, 2)
+
+
+def test_completion_bits_per_byte_matches_a_direct_computation():
+    model = _tiny()
+    prompt, completion = list(b"abc"), list(b"de")
+    bits = decode.completion_bits_per_byte(model, [bytes(prompt)], [completion])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([prompt + completion])).double(), -1)[0]
+    expected = -(logprobs[2, completion[0]] + logprobs[3, completion[1]]) / 2 / torch.log(torch.tensor(2.0)).double()
+    assert torch.isclose(bits[0], expected)
+    with pytest.raises(ValueError, match="completions"):
+        decode.completion_bits_per_byte(model, [b"a", b"b"], [[1]])
+
+
+def test_demo_scale_is_read_in_one_place(monkeypatch):
+    from speculative.bench import demo_settings
+
+    monkeypatch.delenv("SPECULATIVE_SCALE", raising=False)
+    assert demo_settings("cpu")["scale"] == "small"
+    assert demo_settings("cuda")["scale"] == "full"
+    monkeypatch.setenv("SPECULATIVE_SCALE", "full")
+    assert demo_settings("cpu")["scale"] == "full"
