@@ -149,3 +149,15 @@ def test_demo_scale_is_read_in_one_place(monkeypatch):
     assert demo_settings("cuda")["scale"] == "full"
     monkeypatch.setenv("SPECULATIVE_SCALE", "full")
     assert demo_settings("cpu")["scale"] == "full"
+
+
+def test_acceptance_rate_counts_only_tested_drafts():
+    # gamma = 4: a block accepting 2 tested 3 drafts; one accepting all 4 tested 4; -1 is an inactive row
+    blocks = [torch.tensor([2, 4]), torch.tensor([0, -1])]
+    assert decode.acceptance_rate(blocks, 4) == pytest.approx((2 + 4 + 0) / (3 + 4 + 1))
+    # i.i.d. acceptances with probability 0.7: the estimate recovers 0.7 whatever gamma is
+    generator = torch.Generator().manual_seed(0)
+    for gamma in (1, 4, 8):
+        coins = torch.rand(20_000, gamma, generator=generator) < 0.7
+        counts = coins.long().cumprod(1).sum(1)
+        assert decode.acceptance_rate([counts], gamma) == pytest.approx(0.7, abs=0.01)

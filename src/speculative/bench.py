@@ -209,7 +209,7 @@ def bench_decode(
     """
     from tqdm.auto import tqdm
 
-    from .decode import plain_decode, speculative_decode
+    from .decode import acceptance_rate, plain_decode, speculative_decode
     from .transforms import SamplingConfig
 
     gammas, temperatures, batches = list(gammas), list(temperatures), list(batches)
@@ -244,7 +244,7 @@ def bench_decode(
                 results = spec_results[gamma]
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
                 active = accepted[accepted >= 0].double()
-                alpha = float(active.mean() / gamma)
+                alpha = acceptance_rate([accepted], gamma)
                 tokens_per_forward = float((active + 1).mean())
                 v = costs[f"target_{gamma + 1}"] / costs["target_1"]
                 spec_tps = batch * max_new_tokens / statistics.median(spec_times[gamma])

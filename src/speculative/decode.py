@@ -31,7 +31,7 @@ from .model import GPT
 from .sampler import rejection_sample
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law",
+__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law", "acceptance_rate",
            "completion_bits_per_byte"]
 
 Prompt = Union[bytes, str, Sequence[int]]
@@ -50,17 +50,28 @@ class DecodeResult:
         return bytes(self.tokens[row]).decode("utf-8", errors="replace")
 
     def acceptance_rate(self) -> float:
-        """Return accepted drafts / drafted tokens over active rows of every block (alpha as measured)."""
-        if not self.accepted:
-            return float("nan")
-        counts = torch.stack(self.accepted)  # (blocks, B)
-        active = counts >= 0
-        return float(counts[active].sum()) / float(active.sum() * self.gamma)
+        """Return alpha as measured: accepted drafts / drafts that were tested, over active rows.
+
+        A block tests its drafts in order and stops at the first rejection, so it tests a + 1 drafts when
+        it accepts a < gamma of them and gamma when it accepts all; the drafts after a rejection were never
+        tested and do not count. This is the maximum-likelihood estimate of a per-draft acceptance rate.
+        """
+        return acceptance_rate(self.accepted, self.gamma)
 
     def tokens_per_block(self) -> float:
         """Return emitted tokens per target call per active row (accepted + 1, averaged)."""
         counts = torch.stack(self.accepted)
         return float((counts[counts >= 0] + 1).float().mean())
+
+
+def acceptance_rate(accepted: Sequence[torch.Tensor], gamma: int) -> float:
+    """Return accepted / tested drafts for per-block accepted counts (-1 marks an inactive row)."""
+    if not len(accepted):
+        return float("nan")
+    counts = torch.cat([a.reshape(-1) for a in accepted])
+    counts = counts[counts >= 0]
+    tested = counts + (counts < gamma).long()
+    return float(counts.sum()) / float(tested.sum())
 
 
 def encode_prompts(prompts: Sequence[Prompt]) -> list[list[int]]:

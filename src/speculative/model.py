@@ -78,7 +78,7 @@ class _Block(nn.Module):
                                  nn.Linear(4 * config.d_model, config.d_model))
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, layer: int, cache: KVCache | None, positions, mask):
+    def forward(self, x, layer: int, cache: KVCache | None, positions, mask, shared_start: int | None):
         batch, steps, width = x.shape  # (B, T, C)
         head_dim = width // self.n_head
         q, k, v = self.qkv(self.ln_1(x)).split(width, dim=-1)
@@ -86,9 +86,13 @@ class _Block(nn.Module):
         k = k.view(batch, steps, self.n_head, head_dim)
         v = v.view(batch, steps, self.n_head, head_dim)
         if cache is not None:
-            rows = torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
-            cache.keys[layer][rows, positions] = k.to(cache.keys.dtype)  # write at each row's positions
-            cache.values[layer][rows, positions] = v.to(cache.values.dtype)
+            if shared_start is not None:  # every row starts at the same position: a plain slice write
+                cache.keys[layer][:, shared_start:shared_start + steps] = k.to(cache.keys.dtype)
+                cache.values[layer][:, shared_start:shared_start + steps] = v.to(cache.values.dtype)
+            else:
+                rows = torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
+                cache.keys[layer][rows, positions] = k.to(cache.keys.dtype)  # write at each row's positions
+                cache.values[layer][rows, positions] = v.to(cache.values.dtype)
             span = mask.shape[-1]
             k, v = cache.keys[layer][:, :span].to(q.dtype), cache.values[layer][:, :span].to(q.dtype)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -140,7 +144,10 @@ class GPT(nn.Module):
         position up to its own, so the cache must already hold positions 0 .. start[b] - 1 of row b.
         """
         batch, steps = tokens.shape
-        if tokens.dtype not in (torch.int64, torch.int32) or tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
+        low, high = tokens.aminmax()
+        if low < 0 or high >= self.config.vocab_size:
             raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
         device = tokens.device
         offsets = torch.arange(steps, device=device)
@@ -149,20 +156,22 @@ class GPT(nn.Module):
                 raise ValueError("start positions need a cache")
             if steps > self.config.context:
                 raise ValueError(f"{steps} tokens exceed the context of {self.config.context}")
-            positions, mask = offsets.expand(batch, steps), None
+            positions, mask, shared_start = offsets.expand(batch, steps), None, None
         else:
             if start is None or start.shape != (batch,):
                 raise ValueError(f"with a cache, start must have shape ({batch},)")
             if cache.batch != batch:
                 raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
+            starts = start.tolist()
+            first, last = min(starts), max(starts) + steps - 1
+            if first < 0 or last >= cache.context:
+                raise ValueError(f"positions {first}..{last} fall outside the cache's {cache.context} positions")
             positions = start.to(device).long().unsqueeze(1) + offsets  # (B, T)
-            if positions.min() < 0 or positions.max() >= cache.context:
-                raise ValueError(f"positions {positions.min().item()}..{positions.max().item()} fall outside "
-                                 f"the cache's {cache.context} positions")
-            span = int(positions.max()) + 1  # attend to cached positions 0 .. span - 1 only
+            shared_start = starts[0] if first == max(starts) else None
+            span = last + 1  # attend to cached positions 0 .. span - 1 only
             keys = torch.arange(span, device=device)
             mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, layer, cache, positions, mask)
+            x = block(x, layer, cache, positions, mask, shared_start)
         return self.head(self.ln_f(x))

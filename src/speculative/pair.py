@@ -126,15 +126,27 @@ def train_pair(
     device: str = "cpu",
     seed: int = 0,
     progress: bool = True,
+    reuse_target: Optional[Path] = None,
 ) -> str:
-    """Train a target, then a draft (distilled from it when distill_weight > 0), save; return the sha256."""
+    """Train a target, then a draft (distilled from it when distill_weight > 0), save; return the sha256.
+
+    With ``reuse_target`` (a pair folder), the target and its training log are taken from that pair and
+    only the draft is trained.
+    """
     from .corpus import load_corpus
     from .train import TrainConfig, train_model
 
     corpus = load_corpus()
-    target, target_log = train_model(target_config, corpus.train, corpus.validation,
-                                     TrainConfig(seconds=target_seconds, device=device, seed=seed),
-                                     progress=progress, label="target")
+    if reuse_target is not None:
+        previous = load_pair(reuse_target, device=device)
+        target = previous.target
+        target_log = json.loads((Path(reuse_target) / "train_log.json").read_text())["target"]
+        if previous.info["corpus"]["sha256"] != corpus.sha256:
+            raise ValueError("the reused target was trained on a different corpus (sha256 differs)")
+    else:
+        target, target_log = train_model(target_config, corpus.train, corpus.validation,
+                                         TrainConfig(seconds=target_seconds, device=device, seed=seed),
+                                         progress=progress, label="target")
     draft, draft_log = train_model(
         draft_config, corpus.train, corpus.validation,
         TrainConfig(seconds=draft_seconds, device=device, seed=seed + 1, distill_weight=distill_weight),
