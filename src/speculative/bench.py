@@ -97,7 +97,7 @@ def bench_sampler(
     each call; the reference always runs on the CPU. Reported: verified positions per second (batch * k
     per call) for each, and the ratio batched / reference.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
     points = [(b, v) for b in batches for v in vocabs]
     rows = []
@@ -207,7 +207,7 @@ def bench_decode(
     Leviathan et al.'s prediction from alpha and c, the refined prediction tokens_per_forward / (gamma c + v),
     and the efficiency measured / refined prediction.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
     from .decode import acceptance_rate, plain_decode, speculative_decode
     from .transforms import SamplingConfig

@@ -42,6 +42,8 @@ def glue(name: str, value, display: bool = False) -> None:
     Fractions and sequences of them are stored as :class:`Shown` text such as ``3/10``; other values are
     stored as they are, so ``{glue:text}`name:.3f``` can format numbers.
     """
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy or torch scalar -> Python number
+        value = value.item()
     shown = value
     if isinstance(value, (list, tuple)) or (isinstance(value, Rational) and not isinstance(value, (bool, int))):
         shown = Shown(as_text(value))

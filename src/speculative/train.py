@@ -80,7 +80,7 @@ def train_model(
     label: str = "model",
 ) -> tuple[GPT, dict]:
     """Return (trained model, log) after ``settings.seconds`` of training from a fixed seed."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
     if settings.distill_weight and teacher is None:
         raise ValueError("distill_weight > 0 needs a teacher model")
