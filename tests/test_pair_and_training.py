@@ -64,7 +64,10 @@ def test_save_and_load_round_trip(tmp_path):
     assert pair.target.config == TINY
     assert pair.target.head.weight.data_ptr() == pair.target.token_embedding.weight.data_ptr()  # still tied
     for name in ("target.safetensors", "draft.safetensors"):
-        assert (tmp_path / name).read_bytes()[:8] != b"\x80\x04\x95"[:8]  # not a pickle
+        # safetensors layout: an 8-byte little-endian header length, then a JSON header (a pickle starts 0x80)
+        data = (tmp_path / name).read_bytes()
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        assert header["token_embedding.weight"]["dtype"] == "F16"
     assert json.loads((tmp_path / "pair.json").read_text())["target_config"]["d_model"] == TINY.d_model
 
 
