@@ -44,6 +44,26 @@ def test_a_short_training_run_learns_and_logs(tmp_path):
     assert {"seconds", "step", "tokens", "validation_bpb"} <= set(history[0])
 
 
+def test_training_can_start_from_trained_weights():
+    text = b"def f(x):\n    return x + 1\n\n" * 400
+    settings = TrainConfig(seconds=1, eval_every_seconds=1, batch_size=8, eval_windows=8)
+    first = GPT(TINY)
+    with torch.no_grad():
+        first.token_embedding.weight.normal_(0, 3.0, generator=torch.Generator().manual_seed(5))
+    start = bits_per_byte(first, byte_tensor(text), windows=8)
+    assert abs(start - 8.0) > 1  # far from the near-uniform law of a fresh initialisation
+    _, log = train_model(TINY, text, text, settings, progress=False, init=first)
+    assert log["initialised_from_trained_weights"] is True
+    # the first evaluation (before any step) is the initial model's, not a fresh model's
+    assert log["history"][0]["validation_bpb"] == pytest.approx(start, abs=1e-3)
+    _, fresh_log = train_model(TINY, text, text, settings, progress=False)
+    assert fresh_log["initialised_from_trained_weights"] is False
+    assert fresh_log["history"][0]["validation_bpb"] == pytest.approx(8.0, abs=0.1)
+    wider = GPTConfig(**{**TINY.to_dict(), "d_model": TINY.d_model * 2})
+    with pytest.raises(ValueError, match="config"):
+        train_model(wider, text, text, settings, progress=False, init=first)
+
+
 def test_distillation_needs_a_teacher():
     with pytest.raises(ValueError, match="teacher"):
         train_model(TINY, b"x" * 100, b"x" * 100, TrainConfig(seconds=1, distill_weight=0.5), progress=False)

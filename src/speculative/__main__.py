@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--draft-heads", type=int, default=2)
     train.add_argument("--context", type=int, default=256)
     train.add_argument("--reuse-target", default=None, help="take the target from this pair folder; train only the draft")
+    train.add_argument("--draft-init", default=None,
+                       help="start the draft from this pair folder's draft (same shape) and keep training it")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", type=_device, default="cpu")
     train.add_argument("--no-progress", action="store_true")
@@ -123,7 +125,8 @@ def _run_train(args) -> int:
     draft = GPTConfig(context=args.context, n_layer=args.draft_layers, n_head=args.draft_heads,
                       d_model=args.draft_width)
     digest = train_pair(args.out, target, draft, args.target_seconds, args.draft_seconds, args.distill,
-                        args.device, args.seed, progress=not args.no_progress, reuse_target=args.reuse_target)
+                        args.device, args.seed, progress=not args.no_progress, reuse_target=args.reuse_target,
+                        draft_init=args.draft_init)
     print(f"pair written to {args.out} (sha256 {digest})")
     return 0
 

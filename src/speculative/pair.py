@@ -127,11 +127,13 @@ def train_pair(
     seed: int = 0,
     progress: bool = True,
     reuse_target: Optional[Path] = None,
+    draft_init: Optional[Path] = None,
 ) -> str:
     """Train a target, then a draft (distilled from it when distill_weight > 0), save; return the sha256.
 
     With ``reuse_target`` (a pair folder), the target and its training log are taken from that pair and
-    only the draft is trained.
+    only the draft is trained. With ``draft_init`` (a pair folder), the draft starts from that pair's draft
+    weights (same config required) and its earlier training log is kept under ``draft.initial``.
     """
     from .corpus import load_corpus
     from .train import TrainConfig, train_model
@@ -147,10 +149,20 @@ def train_pair(
         target, target_log = train_model(target_config, corpus.train, corpus.validation,
                                          TrainConfig(seconds=target_seconds, device=device, seed=seed),
                                          progress=progress, label="target")
+    initial_draft, initial_log = None, None
+    if draft_init is not None:
+        initial = load_pair(draft_init, device=device)
+        if initial.info["corpus"]["sha256"] != corpus.sha256:
+            raise ValueError("the initial draft was trained on a different corpus (sha256 differs)")
+        initial_draft = initial.draft
+        initial_log = json.loads((Path(draft_init) / "train_log.json").read_text())["draft"]
+        initial_log["pair_sha256"] = initial.sha256
     draft, draft_log = train_model(
         draft_config, corpus.train, corpus.validation,
         TrainConfig(seconds=draft_seconds, device=device, seed=seed + 1, distill_weight=distill_weight),
-        teacher=target if distill_weight else None, progress=progress, label="draft")
+        teacher=target if distill_weight else None, progress=progress, label="draft", init=initial_draft)
+    if initial_log is not None:
+        draft_log["initial"] = initial_log
     environment = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads()}
     corpus_info = {"description": corpus.describe(), "sha256": corpus.sha256, "python": corpus.python,
                    "train_bytes": len(corpus.train), "validation_bytes": len(corpus.validation),

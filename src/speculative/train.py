@@ -78,8 +78,13 @@ def train_model(
     teacher: Optional[GPT] = None,
     progress: bool = True,
     label: str = "model",
+    init: Optional[GPT] = None,
 ) -> tuple[GPT, dict]:
-    """Return (trained model, log) after ``settings.seconds`` of training from a fixed seed."""
+    """Return (trained model, log) after ``settings.seconds`` of training from a fixed seed.
+
+    With ``init`` (a model of the same config), training starts from a copy of its weights instead of a
+    fresh initialisation; the optimiser and the learning-rate schedule still start anew.
+    """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
     if settings.distill_weight and teacher is None:
@@ -89,6 +94,10 @@ def train_model(
     torch.manual_seed(settings.seed)  # parameter initialisation; batches use their own generator below
     device = settings.device
     model = GPT(config).to(device)
+    if init is not None:
+        if init.config != config:
+            raise ValueError(f"init model's config {init.config} differs from {config}")
+        model.load_state_dict({k: v.float() for k, v in init.state_dict().items()})
     train_bytes, validation_bytes = byte_tensor(train_data), byte_tensor(validation_data)
     if len(train_bytes) <= config.context + 1:
         raise ValueError("training data is shorter than one window")
@@ -147,6 +156,7 @@ def train_model(
         "model": config.to_dict(),
         "parameters": model.num_parameters(),
         "train": asdict(settings),
+        "initialised_from_trained_weights": init is not None,
         "steps": step,
         "tokens_seen": step * settings.batch_size * config.context,
         "final_validation_bpb": history[-1]["validation_bpb"],
