@@ -55,4 +55,9 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
     for row in record["results"]:
         assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["v"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_refined"])
+        assert row["tokens_per_target_forward"] == pytest.approx(4 / row["blocks"])
+        assert 1 <= row["tokens_per_target_forward"] <= row["gamma"] + 1
+        # a block's rows wait for the slowest, so per call a row gets no more than per active block
+        # (at batch 1 the last block may emit past the length cut, which only the active mean counts)
+        assert row["tokens_per_target_forward"] <= row["tokens_per_active_block"] + 1e-9
     assert "speedup" in capsys.readouterr().out

@@ -202,10 +202,12 @@ def bench_decode(
 
     For each batch size and temperature, plain decoding and speculative decoding at every gamma run in
     turn, ``repeats`` times, on the same prompts (the first ``batch`` of the pair's held-out prompts) with
-    the same seed. Reported per point: alpha, tokens per target forward, c (draft / target cost of one
-    token), v (target cost of gamma+1 tokens / one), tokens per second for both, the measured speedup,
-    Leviathan et al.'s prediction from alpha and c, the refined prediction tokens_per_forward / (gamma c + v),
-    and the efficiency measured / refined prediction.
+    the same seed. Reported per point: alpha; tokens per target forward (new tokens per row / target calls
+    after the prefill, so a batch that waits for its slowest row is charged for it); tokens per active
+    block (accepted + 1, averaged over the blocks where a row was still decoding: what alpha alone
+    predicts); c (draft / target cost of one token); v (target cost of gamma+1 tokens / one); tokens per
+    second for both; the measured speedup; Leviathan et al.'s prediction from alpha and c; the refined
+    prediction tokens_per_forward / (gamma c + v); and the efficiency measured / refined prediction.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
@@ -245,7 +247,11 @@ def bench_decode(
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
                 active = accepted[accepted >= 0].double()
                 alpha = acceptance_rate([accepted], gamma)
-                tokens_per_forward = float((active + 1).mean())
+                # what a row gets per target call: the batch waits for its slowest row, so with batch > 1
+                # this is below the mean over active row-blocks (rows that finished early sit idle)
+                blocks = statistics.mean(len(r.accepted) for r in results)
+                tokens_per_forward = max_new_tokens / blocks
+                tokens_per_active_block = float((active + 1).mean())
                 v = costs[f"target_{gamma + 1}"] / costs["target_1"]
                 spec_tps = batch * max_new_tokens / statistics.median(spec_times[gamma])
                 measured = spec_tps / plain_tps
@@ -253,7 +259,8 @@ def bench_decode(
                 refined = tokens_per_forward / (gamma * c + v)
                 rows.append({
                     "batch": batch, "temperature": temperature, "gamma": gamma,
-                    "alpha": alpha, "tokens_per_target_forward": tokens_per_forward, "c": c, "v": v,
+                    "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
+                    "tokens_per_active_block": tokens_per_active_block, "blocks": blocks, "c": c, "v": v,
                     "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
                     "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
                     "efficiency": measured / refined,
@@ -288,13 +295,13 @@ def _prompts_hash(prompts) -> str:
 
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None) -> str:
     """Return the decode record (optionally one batch size or one gamma) as a plain-text table."""
-    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'c':>6} {'plain tok/s':>11} "
+    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'c':>6} {'v':>5} {'plain tok/s':>11} "
              f"{'spec tok/s':>10} {'speedup':>7} {'pred.':>6} {'refined':>7} {'effic.':>6}"]
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
         lines.append(f"{row['batch']:>5} {row['temperature']:>4g} {row['gamma']:>5} {row['alpha']:>6.3f} "
-                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['plain_tokens_per_s']:>11.0f} "
+                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['v']:>5.2f} {row['plain_tokens_per_s']:>11.0f} "
                      f"{row['speculative_tokens_per_s']:>10.0f} {row['speedup']:>6.2f}x {row['predicted_leviathan']:>5.2f}x "
                      f"{row['predicted_refined']:>6.2f}x {row['efficiency']:>6.2f}")
     env = record["environment"]
