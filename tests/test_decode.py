@@ -45,6 +45,22 @@ def test_batch_rows_are_independent(pair):
     assert together.tokens == alone
 
 
+def test_dropping_finished_rows_changes_no_row(pair, monkeypatch):
+    from speculative.model import KVCache
+
+    selections = []
+    original = KVCache.select
+    monkeypatch.setattr(KVCache, "select", lambda self, rows: selections.append(len(rows)) or original(self, rows))
+    prompts = [p[: 40 + 9 * i] for i, p in enumerate(pair.prompts[:6])]  # distinct prompts, distinct lengths
+    together = speculative_decode(pair.target, pair.draft, prompts, 40, 3, GREEDY)
+    # (the prefill may also select, to put prompts back in order: all rows)
+    assert any(count < len(prompts) for count in selections), "no rows were dropped: this checked nothing"
+    assert together.tokens == plain_decode(pair.target, prompts, 40, GREEDY).tokens
+    # the acceptance log keeps one entry per prompt and marks rows that were no longer decoding with -1
+    log = torch.stack(together.accepted)
+    assert log.shape[1] == len(prompts) and (log[-1] == -1).any() and (log[0] >= 0).all()
+
+
 def _two_bytes(decoder, pair, config, seed, gamma=4):
     prompt = pair.prompts[0]
     generator = torch.Generator().manual_seed(seed)

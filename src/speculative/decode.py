@@ -13,6 +13,10 @@ block:
 4. each row's length moves forward by a + 1. Rolling the caches back is free: positions past a row's
    length are stale and get overwritten, because attention never looks past a row's own position.
 
+Rows finish at different blocks. A finished row rides along in the batched calls (computed, never
+written) until half the rows are finished; then the finished ones are dropped, which costs one copy of
+each cache and spares every later block their work.
+
 After a fully accepted block the draft has not yet seen its last draft, so the next block feeds it two
 tokens instead of one. The draft's bookkeeping cannot bias the output (the rule corrects for whatever q
 the draft really sampled from); the target's can, and a test plants an off-by-one there to show that the
@@ -178,22 +182,31 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     target_cache = _prefill(target, rows, device, length=min(capacity, target.config.context))
     draft_cache = _prefill(draft, rows, device, length=min(capacity, draft.config.context))
     target_forwards, draft_forwards = 1, 1
-    sequence = _padded(rows, capacity, device)  # (B, capacity): prompt, then generated tokens
-    lengths = torch.tensor([len(r) for r in rows], device=device)  # n per row
+    sequence = _padded(rows, capacity, device)  # (B, capacity): prompt, then generated tokens, every row
+    origin = torch.arange(batch, device=device)  # decoding row i is row origin[i] of the batch
+    lengths = torch.tensor([len(r) for r in rows], device=device)  # n per decoding row
     prompt_lengths = lengths.clone()
     draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
-    rows_index = torch.arange(batch, device=device)
     accepted_log = []
     while True:
         active = lengths - prompt_lengths < max_new_tokens
-        if not active.any():
+        finished = int((~active).sum())
+        if finished == len(active):
             break
-        # finished rows still ride along (batched calls), parked at their prompt so they stay in range
+        if 2 * finished >= len(active):
+            # half the rows are done: drop them (one copy of each cache) so that later blocks stop
+            # computing them; below that, finished rows ride along, parked at their prompt
+            keep = active.nonzero().squeeze(1)
+            target_cache, draft_cache = target_cache.select(keep), draft_cache.select(keep)
+            origin, lengths, prompt_lengths, draft_behind = (t[keep] for t in (origin, lengths, prompt_lengths,
+                                                                                draft_behind))
+            active = active[keep]
+        rows_index = torch.arange(len(origin), device=device)
         at = torch.where(active, lengths, prompt_lengths)
         behind = torch.where(active, draft_behind, 1)
         # 1. draft gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
         first_start = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
-        chunk = torch.stack([sequence[rows_index, first_start], sequence[rows_index, first_start + 1]], 1)
+        chunk = torch.stack([sequence[origin, first_start], sequence[origin, first_start + 1]], 1)
         logits = draft(chunk, first_start, draft_cache)
         draft_logits = [logits[rows_index, behind - 1]]  # (B, V) at position n - 1
         draft_forwards += 1
@@ -208,7 +221,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
                 draft_forwards += 1
         drafts = torch.stack(drafts, 1)  # (B, gamma)
         # 2. one target forward over the last token and the gamma drafts
-        last = sequence[rows_index, at - 1].unsqueeze(1)
+        last = sequence[origin, at - 1].unsqueeze(1)
         target_logits = target(torch.cat([last, drafts], 1), at - 1, target_cache)  # (B, gamma+1, V)
         target_forwards += 1
         # 3. accept a prefix and add the correction or bonus token
@@ -216,14 +229,17 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         # sampler's O(B k V) value scan is skipped here; shapes and ids are still checked
         out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
                       generator, check_values=False)
-        accepted_log.append(torch.where(active, out.num_accepted, torch.full_like(out.num_accepted, -1)).cpu())
+        block = torch.full((batch,), -1, dtype=torch.long)  # -1: the row was not decoding in this block
+        block[origin.cpu()] = torch.where(active, out.num_accepted, torch.full_like(out.num_accepted, -1)).cpu()
+        accepted_log.append(block)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
         positions = at.unsqueeze(1) + torch.arange(gamma + 1, device=device)
         emitted = out.tokens.to(device)
         keep = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
-        sequence[rows_index.unsqueeze(1).expand_as(positions)[keep], positions[keep]] = emitted[keep]
+        sequence[origin.unsqueeze(1).expand_as(positions)[keep], positions[keep]] = emitted[keep]
         lengths = lengths + torch.where(active, out.num_emitted.to(device), 0)
         draft_behind = torch.where(out.num_accepted.to(device) == gamma, 2, 1)
+    prompt_lengths = torch.tensor([len(r) for r in rows])
     tokens = [sequence[b, int(prompt_lengths[b]):int(prompt_lengths[b]) + max_new_tokens].tolist()
               for b in range(batch)]
     return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,

@@ -61,7 +61,7 @@ class KVCache:
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Return a new cache whose row i is a copy of this cache's row ``rows[i]``."""
         out = object.__new__(KVCache)
-        out.keys, out.values = self.keys[:, rows].clone(), self.values[:, rows].clone()
+        out.keys, out.values = self.keys[:, rows], self.values[:, rows]  # indexing with a tensor copies
         out.batch, out.context = len(rows), self.context
         return out
 
