@@ -61,3 +61,20 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
         # (at batch 1 the last block may emit past the length cut, which only the active mean counts)
         assert row["tokens_per_target_forward"] <= row["tokens_per_active_block"] + 1e-9
     assert "speedup" in capsys.readouterr().out
+
+
+def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir):
+    shapes = ["--context", "64", "--target-layers", "1", "--target-width", "32", "--target-heads", "2",
+              "--draft-layers", "1", "--draft-width", "16", "--draft-heads", "2", "--no-progress"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["train", "--out", str(first), "--target-seconds", "1", "--draft-seconds", "1", *shapes]) == 0
+    assert load_pair(first).info["draft_parameters"] > 0
+    assert main(["train", "--out", str(second), "--target-seconds", "1", "--draft-seconds", "1",
+                 "--draft-init", str(first), *shapes]) == 0
+    log = json.loads((second / "train_log.json").read_text())["draft"]
+    assert log["initialised_from_trained_weights"] is True
+    assert log["initial"]["pair_sha256"] == load_pair(first).sha256
+    # a draft trained on another corpus (the tiny test pair records none) is refused by name
+    with pytest.raises(ValueError, match="different corpus"):
+        main(["train", "--out", str(tmp_path / "third"), "--target-seconds", "1", "--draft-seconds", "1",
+              "--draft-init", str(tiny_pair_dir), *shapes])

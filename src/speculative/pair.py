@@ -143,7 +143,7 @@ def train_pair(
         previous = load_pair(reuse_target, device=device)
         target = previous.target
         target_log = json.loads((Path(reuse_target) / "train_log.json").read_text())["target"]
-        if previous.info["corpus"]["sha256"] != corpus.sha256:
+        if previous.info.get("corpus", {}).get("sha256") != corpus.sha256:
             raise ValueError("the reused target was trained on a different corpus (sha256 differs)")
     else:
         target, target_log = train_model(target_config, corpus.train, corpus.validation,
@@ -152,7 +152,7 @@ def train_pair(
     initial_draft, initial_log = None, None
     if draft_init is not None:
         initial = load_pair(draft_init, device=device)
-        if initial.info["corpus"]["sha256"] != corpus.sha256:
+        if initial.info.get("corpus", {}).get("sha256") != corpus.sha256:
             raise ValueError("the initial draft was trained on a different corpus (sha256 differs)")
         initial_draft = initial.draft
         initial_log = json.loads((Path(draft_init) / "train_log.json").read_text())["draft"]
