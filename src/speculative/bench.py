@@ -205,9 +205,13 @@ def bench_decode(
     the same seed. Reported per point: alpha; tokens per target forward (new tokens per row / target calls
     after the prefill, so a batch that waits for its slowest row is charged for it); tokens per active
     block (accepted + 1, averaged over the blocks where a row was still decoding: what alpha alone
-    predicts); c (draft / target cost of one token); v (target cost of gamma+1 tokens / one); tokens per
-    second for both; the measured speedup; Leviathan et al.'s prediction from alpha and c; the refined
-    prediction tokens_per_forward / (gamma c + v); and the efficiency measured / refined prediction.
+    predicts); c (seconds per draft forward / seconds per single-position target forward) and v (seconds
+    per verification forward over gamma+1 positions / the same), both timed in situ, where the forwards
+    really run (in the timed runs on a CPU, in one extra run per decoder on CUDA), with the ratios from
+    forwards timed alone kept beside them; tokens per second for both (medians over repeats); the measured
+    speedup (the median over repeats of plain seconds / speculative seconds, the two runs of a ratio
+    coming from the same repeat); Leviathan et al.'s prediction from alpha and c; the refined prediction
+    tokens_per_forward / (gamma c + v); and the efficiency measured / refined prediction.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
@@ -218,30 +222,52 @@ def bench_decode(
     if max(batches) > len(pair.prompts):
         raise ValueError(f"batch {max(batches)} needs more prompts than the pair ships ({len(pair.prompts)})")
     rows = []
-    total = len(batches) * len(temperatures) * repeats * (1 + len(gammas))
+    # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v; on CUDA it
+    # costs a synchronisation per forward, so separate runs do
+    in_run = not str(device).startswith("cuda")
+    total = len(batches) * len(temperatures) * (repeats * (1 + len(gammas)) + 1)
     bar = tqdm(total=total, desc="decode bench", disable=not progress, file=sys.stderr)
     for batch in batches:
         prompts = pair.prompts[:batch]
         costs = _forward_costs(pair, batch, gammas, device)
         for temperature in temperatures:
             config = SamplingConfig(temperature=temperature)
-            plain_times, spec_times, spec_results = [], {g: [] for g in gammas}, {}
+            plain_runs, spec_results = [], {g: [] for g in gammas}
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, prompts, 8, config, warm)  # warm-up, not timed
             speculative_decode(pair.target, pair.draft, prompts, 8, gammas[0], config, warm)
             for repeat in range(repeats):
                 generator = torch.Generator(device=device).manual_seed(seed + repeat)
-                plain_times.append(plain_decode(pair.target, prompts, max_new_tokens, config, generator).seconds)
+                plain_runs.append(plain_decode(pair.target, prompts, max_new_tokens, config, generator,
+                                               time_forwards=in_run))
                 bar.update()
                 for gamma in gammas:
                     generator = torch.Generator(device=device).manual_seed(seed + repeat)
-                    result = speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma, config,
-                                                generator)
-                    spec_times[gamma].append(result.seconds)
-                    spec_results.setdefault(gamma, []).append(result)
+                    spec_results[gamma].append(speculative_decode(pair.target, pair.draft, prompts, max_new_tokens,
+                                                                  gamma, config, generator, time_forwards=in_run))
                     bar.update()
-            plain_tps = batch * max_new_tokens / statistics.median(plain_times)
-            c = costs["draft_1"] / costs["target_1"]
+            plain_seconds = statistics.median(r.seconds for r in plain_runs)
+            plain_tps = batch * max_new_tokens / plain_seconds
+            # c and v in situ: every forward timed where it happens, after the prefill
+            timed_plain, timed_spec = plain_runs, spec_results
+            if not in_run:  # one more run of each decoder, same seed, only for the forward times
+                generator = torch.Generator(device=device).manual_seed(seed)
+                timed_plain = [plain_decode(pair.target, prompts, max_new_tokens, config, generator,
+                                            time_forwards=True)]
+                timed_spec = {}
+                for gamma in gammas:
+                    generator = torch.Generator(device=device).manual_seed(seed)
+                    timed_spec[gamma] = [speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma,
+                                                            config, generator, time_forwards=True)]
+            target_call = sum(r.target_seconds for r in timed_plain) / (max_new_tokens * len(timed_plain))
+            in_situ = {}
+            for gamma in gammas:
+                runs = timed_spec[gamma]
+                in_situ[gamma] = {
+                    "c": sum(r.draft_seconds for r in runs) / sum(r.draft_forwards - 1 for r in runs) / target_call,
+                    "v": sum(r.target_seconds for r in runs) / sum(r.target_forwards - 1 for r in runs) / target_call,
+                }
+            bar.update()
             for gamma in gammas:
                 results = spec_results[gamma]
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
@@ -252,9 +278,11 @@ def bench_decode(
                 blocks = statistics.mean(len(r.accepted) for r in results)
                 tokens_per_forward = max_new_tokens / blocks
                 tokens_per_active_block = float((active + 1).mean())
-                v = costs[f"target_{gamma + 1}"] / costs["target_1"]
-                spec_tps = batch * max_new_tokens / statistics.median(spec_times[gamma])
-                measured = spec_tps / plain_tps
+                c, v = in_situ[gamma]["c"], in_situ[gamma]["v"]
+                spec_tps = batch * max_new_tokens / statistics.median(r.seconds for r in results)
+                # paired: each repeat's speculative run against the plain run just before it, so slow
+                # drifts of a shared machine hit both sides of each ratio; then the median over repeats
+                measured = statistics.median(p.seconds / r.seconds for p, r in zip(plain_runs, results))
                 leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
                 refined = tokens_per_forward / (gamma * c + v)
                 rows.append({
@@ -264,6 +292,9 @@ def bench_decode(
                     "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
                     "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
                     "efficiency": measured / refined,
+                    # the same ratios from forwards timed alone, back to back (warm caches): for comparison
+                    "c_isolated": costs["draft_1"] / costs["target_1"],
+                    "v_isolated": costs[f"target_{gamma + 1}"] / costs["target_1"],
                     "forward_costs_s": costs,
                     # per row of the first repeat: accepted drafts in each block, -1 once the row is done
                     "accepted_per_block": torch.stack(results[0].accepted).T.tolist(),
@@ -279,6 +310,7 @@ def bench_decode(
         "prompts_sha256": _prompts_hash(pair.prompts),
         "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
+                   "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
                    "top_p": None, "top_k": None},
         "results": rows,
     }

@@ -49,6 +49,9 @@ class DecodeResult:
     seconds: float = 0.0
     accepted: list[torch.Tensor] = field(default_factory=list)  # per block: (B,) accepted drafts, -1 if inactive
     gamma: int = 0
+    # with time_forwards=True: seconds spent inside the forward calls after the prefill (NaN otherwise)
+    target_seconds: float = float("nan")
+    draft_seconds: float = float("nan")
 
     def text(self, row: int = 0) -> str:
         return bytes(self.tokens[row]).decode("utf-8", errors="replace")
@@ -129,14 +132,44 @@ def _prefill(model: GPT, prompts: list[list[int]], device, length: int):
     return cache.select(torch.tensor([slot[tuple(p)] for p in prompts], device=device))
 
 
+class _ForwardClock:
+    """Adds up the seconds spent inside each model's forward calls, synchronising the device around them.
+
+    It times the calls where they really happen, inside the decoding loop, so the weights' competition
+    for caches with the other model and the loop's own work is included; a forward timed alone in a
+    tight loop runs with warm caches and reads cheaper. Synchronising costs a CUDA run some overlap, so
+    a benchmark times its speed in separate, untimed runs.
+    """
+
+    def __init__(self, device):
+        self.seconds = {"target": 0.0, "draft": 0.0}
+        self.cuda = str(device).startswith("cuda")
+
+    def wrap(self, model, name):
+        def call(*args):
+            if self.cuda:
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            out = model(*args)
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - began
+            return out
+        return call
+
+
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
 @torch.no_grad()
 def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
-                 config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None) -> DecodeResult:
-    """Return max_new_tokens tokens per prompt, sampled one at a time from the model (one forward each)."""
+                 config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
+                 time_forwards: bool = False) -> DecodeResult:
+    """Return max_new_tokens tokens per prompt, sampled one at a time from the model (one forward each).
+
+    ``time_forwards=True`` also records the seconds spent inside the forwards after the prefill.
+    """
     rows = encode_prompts(prompts)
     _check(model, rows, max_new_tokens, lookahead=0)
     device = model.token_embedding.weight.device
@@ -146,25 +179,30 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     lengths = torch.tensor([len(r) for r in rows], device=device)
     last = torch.tensor([r[-1] for r in rows], device=device)
     generated = []
+    clock = _ForwardClock(device)
+    if time_forwards:
+        model = clock.wrap(model, "target")
     for _ in range(max_new_tokens):
         logits = model(last.unsqueeze(1), lengths - 1, cache)[:, -1]  # (B, V)
         last = _sample(logits_to_probs(logits, config), generator)
         generated.append(last)
         lengths = lengths + 1
     tokens = torch.stack(generated, 1).tolist()
-    return DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1, seconds=time.perf_counter() - started)
+    return DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1, seconds=time.perf_counter() - started,
+                        target_seconds=clock.seconds["target"] if time_forwards else float("nan"))
 
 
 @torch.no_grad()
 def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
                        config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
-                       sampler: Callable = rejection_sample) -> DecodeResult:
+                       sampler: Callable = rejection_sample, time_forwards: bool = False) -> DecodeResult:
     """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
 
     The emitted tokens have the target's distribution under ``config`` (see the module docstring);
     draft and target go through the same :func:`logits_to_probs`. ``sampler`` is the verification rule
     (``rejection_sample``'s signature); chapters swap in a biased one from ``pitfalls`` to show what a
-    wrong rule does on a real model pair.
+    wrong rule does on a real model pair. ``time_forwards=True`` also records the seconds spent inside
+    each model's forwards after the prefill.
     """
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
@@ -188,6 +226,9 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     prompt_lengths = lengths.clone()
     draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
     accepted_log = []
+    clock = _ForwardClock(device)
+    if time_forwards:
+        target, draft = clock.wrap(target, "target"), clock.wrap(draft, "draft")
     while True:
         active = lengths - prompt_lengths < max_new_tokens
         finished = int((~active).sum())
@@ -243,7 +284,9 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     tokens = [sequence[b, int(prompt_lengths[b]):int(prompt_lengths[b]) + max_new_tokens].tolist()
               for b in range(batch)]
     return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
-                        seconds=time.perf_counter() - started, accepted=accepted_log, gamma=gamma)
+                        seconds=time.perf_counter() - started, accepted=accepted_log, gamma=gamma,
+                        target_seconds=clock.seconds["target"] if time_forwards else float("nan"),
+                        draft_seconds=clock.seconds["draft"] if time_forwards else float("nan"))
 
 
 @torch.no_grad()
