@@ -5,6 +5,7 @@ import json
 import pytest
 
 from speculative.__main__ import main
+from speculative.pair import load_pair
 
 
 def test_verify_prints_the_seed_example_and_every_pitfall(capsys):
@@ -56,6 +57,12 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
         assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["v"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_refined"])
         assert row["tokens_per_target_forward"] == pytest.approx(4 / row["blocks"])
+        assert row["c_isolated"] > 0 and row["v_isolated"] > 0
+        # on a CPU the forwards are timed in the timed runs, and the efficiency is each side's share of
+        # time outside its forwards: (plain total / plain forwards) / (speculative total / its forwards)
+        overheads = (row["plain_seconds"] / row["plain_forward_seconds"]) / (
+            row["speculative_seconds"] / row["speculative_forward_seconds"])
+        assert row["efficiency"] == pytest.approx(overheads, rel=1e-9)
         assert 1 <= row["tokens_per_target_forward"] <= row["gamma"] + 1
         # a block's rows wait for the slowest, so per call a row gets no more than per active block
         # (at batch 1 the last block may emit past the length cut, which only the active mean counts)

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="temperatures, 0 = greedy (default 0,0.7,1)")
     decode.add_argument("--batch", type=_positive_ints, default=[1, 4, 16], help="batch sizes (default 1,4,16)")
     decode.add_argument("--max-new-tokens", type=int, default=128)
-    decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--repeats", type=int, default=5)
     decode.add_argument("--seed", type=int, default=0)
     decode.add_argument("--device", type=_device, default="cpu", help="cpu (default) or cuda")
     decode.add_argument("--pair", default=None, help="folder of a model pair (default: the shipped pair)")

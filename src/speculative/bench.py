@@ -208,10 +208,12 @@ def bench_decode(
     predicts); c (seconds per draft forward / seconds per single-position target forward) and v (seconds
     per verification forward over gamma+1 positions / the same), both timed in situ, where the forwards
     really run (in the timed runs on a CPU, in one extra run per decoder on CUDA), with the ratios from
-    forwards timed alone kept beside them; tokens per second for both (medians over repeats); the measured
-    speedup (the median over repeats of plain seconds / speculative seconds, the two runs of a ratio
-    coming from the same repeat); Leviathan et al.'s prediction from alpha and c; the refined prediction
-    tokens_per_forward / (gamma c + v); and the efficiency measured / refined prediction.
+    forwards timed alone kept beside them; tokens per second for both (all repeats' tokens / all their
+    seconds); the measured speedup (their ratio); Leviathan et al.'s prediction from alpha and c; the
+    refined prediction tokens_per_forward / (gamma c + v); and the efficiency measured / refined
+    prediction. Pooled this way, the efficiency equals (plain seconds / plain forward seconds) /
+    (speculative seconds / speculative forward seconds) on a CPU: the share of time each decoder spends
+    outside its forwards, which is what the cost model leaves out.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
@@ -246,8 +248,8 @@ def bench_decode(
                     spec_results[gamma].append(speculative_decode(pair.target, pair.draft, prompts, max_new_tokens,
                                                                   gamma, config, generator, time_forwards=in_run))
                     bar.update()
-            plain_seconds = statistics.median(r.seconds for r in plain_runs)
-            plain_tps = batch * max_new_tokens / plain_seconds
+            plain_seconds = sum(r.seconds for r in plain_runs)
+            plain_tps = batch * max_new_tokens * repeats / plain_seconds
             # c and v in situ: every forward timed where it happens, after the prefill
             timed_plain, timed_spec = plain_runs, spec_results
             if not in_run:  # one more run of each decoder, same seed, only for the forward times
@@ -279,10 +281,12 @@ def bench_decode(
                 tokens_per_forward = max_new_tokens / blocks
                 tokens_per_active_block = float((active + 1).mean())
                 c, v = in_situ[gamma]["c"], in_situ[gamma]["v"]
-                spec_tps = batch * max_new_tokens / statistics.median(r.seconds for r in results)
-                # paired: each repeat's speculative run against the plain run just before it, so slow
-                # drifts of a shared machine hit both sides of each ratio; then the median over repeats
-                measured = statistics.median(p.seconds / r.seconds for p, r in zip(plain_runs, results))
+                # totals over the repeats, pooled like c and v: the efficiency is then exactly (plain
+                # seconds / its forward seconds) / (speculative seconds / its forward seconds), each side's
+                # own overhead, and a slow spell of a shared machine that stretches a run's forwards
+                # stretches its total alike
+                spec_tps = batch * max_new_tokens * repeats / sum(r.seconds for r in results)
+                measured = spec_tps / plain_tps
                 leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
                 refined = tokens_per_forward / (gamma * c + v)
                 rows.append({
@@ -292,6 +296,10 @@ def bench_decode(
                     "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
                     "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
                     "efficiency": measured / refined,
+                    # totals over the repeats (forward seconds from the runs that timed them)
+                    "plain_seconds": plain_seconds, "speculative_seconds": sum(r.seconds for r in results),
+                    "plain_forward_seconds": sum(r.target_seconds for r in timed_plain),
+                    "speculative_forward_seconds": sum(r.target_seconds + r.draft_seconds for r in timed_spec[gamma]),
                     # the same ratios from forwards timed alone, back to back (warm caches): for comparison
                     "c_isolated": costs["draft_1"] / costs["target_1"],
                     "v_isolated": costs[f"target_{gamma + 1}"] / costs["target_1"],
@@ -302,7 +310,7 @@ def bench_decode(
     bar.close()
     return {
         "benchmark": "decode",
-        "what": "plain vs speculative decoding, side by side, same prompts and seeds; medians over repeats",
+        "what": "plain vs speculative decoding, side by side, same prompts and seeds; totals over repeats",
         "environment": environment(device),
         "pair_sha256": pair.sha256,
         "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",

@@ -270,8 +270,9 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         # sampler's O(B k V) value scan is skipped here; shapes and ids are still checked
         out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
                       generator, check_values=False)
-        block = torch.full((batch,), -1, dtype=torch.long)  # -1: the row was not decoding in this block
-        block[origin.cpu()] = torch.where(active, out.num_accepted, torch.full_like(out.num_accepted, -1)).cpu()
+        block = torch.where(active, out.num_accepted, -1).cpu()  # -1: the row was not decoding in this block
+        if len(origin) < batch:  # rows were dropped: put each count back at its row of the batch
+            block = torch.full((batch,), -1, dtype=torch.long).index_copy_(0, origin.cpu(), block)
         accepted_log.append(block)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
         positions = at.unsqueeze(1) + torch.arange(gamma + 1, device=device)

@@ -95,7 +95,8 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, check_values: bool):
     if draft_probs.device != target_probs.device or draft_tokens.device != target_probs.device:
         raise ValueError("draft_tokens, draft_probs and target_probs must be on one device")
     vocab = target_probs.shape[2]
-    if draft_tokens.min() < 0 or draft_tokens.max() >= vocab:
+    low, high = draft_tokens.aminmax()
+    if low < 0 or high >= vocab:
         raise ValueError(f"draft_tokens has ids outside [0, {vocab})")
     if check_values:
         for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):

@@ -77,14 +77,17 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfi
         raise ValueError(f"logits must be a floating-point tensor, got {type(logits).__name__}")
     if logits.ndim < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have a vocabulary dimension of size >= 1, got shape {tuple(logits.shape)}")
-    if not bool((logits < float("inf")).all()):  # one pass: NaN and +inf both fail the comparison
-        raise ValueError("logits contain NaN or +inf (mask tokens with -inf instead)")
-    if torch.isneginf(logits).all(dim=-1).any():
+    # one pass and one check: a row's maximum is NaN if the row holds a NaN, +inf if it holds +inf, and
+    # -inf if every entry is -inf; the message is worked out only when something is wrong
+    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        if not bool((logits < float("inf")).all()):  # NaN and +inf both fail the comparison
+            raise ValueError("logits contain NaN or +inf (mask tokens with -inf instead)")
         raise ValueError("a row of logits is entirely -inf: no token can be sampled")
     x = logits.float()
     if config.greedy:
         return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()  # argmax: first maximum
-    x = x / float(config.temperature)
+    if config.temperature != 1:
+        x = x / float(config.temperature)
     if config.top_k is not None and config.top_k < x.shape[-1]:
         kth = torch.topk(x, config.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
