@@ -58,6 +58,9 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_refined"])
         assert row["tokens_per_target_forward"] == pytest.approx(4 / row["blocks"])
         assert row["c_isolated"] > 0 and row["v_isolated"] > 0
+        assert row["plain_prefill_seconds"] > 0 and row["speculative_prefill_seconds"] > 0
+        # speeds are of the decode phase: every repeat's new tokens over its seconds after the prefill
+        assert row["plain_tokens_per_s"] == pytest.approx(row["batch"] * 4 * 1 / row["plain_seconds"])
         # on a CPU the forwards are timed in the timed runs, and the efficiency is each side's share of
         # time outside its forwards: (plain total / plain forwards) / (speculative total / its forwards)
         overheads = (row["plain_seconds"] / row["plain_forward_seconds"]) / (

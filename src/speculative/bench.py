@@ -208,12 +208,13 @@ def bench_decode(
     predicts); c (seconds per draft forward / seconds per single-position target forward) and v (seconds
     per verification forward over gamma+1 positions / the same), both timed in situ, where the forwards
     really run (in the timed runs on a CPU, in one extra run per decoder on CUDA), with the ratios from
-    forwards timed alone kept beside them; tokens per second for both (all repeats' tokens / all their
-    seconds); the measured speedup (their ratio); Leviathan et al.'s prediction from alpha and c; the
+    forwards timed alone kept beside them; tokens per second for both in the decode phase (all repeats'
+    tokens / all their seconds after the prefill; the mean prefill of each is recorded apart, the
+    speculative one including the draft's); the measured speedup (their ratio); Leviathan et al.'s prediction from alpha and c; the
     refined prediction tokens_per_forward / (gamma c + v); and the efficiency measured / refined
-    prediction. Pooled this way, the efficiency equals (plain seconds / plain forward seconds) /
-    (speculative seconds / speculative forward seconds) on a CPU: the share of time each decoder spends
-    outside its forwards, which is what the cost model leaves out.
+    prediction. Pooled this way, the efficiency equals (plain decode seconds / plain forward seconds) /
+    (speculative decode seconds / speculative forward seconds) on a CPU: the share of time each decoder
+    spends outside its forwards, which is what the cost model leaves out.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
@@ -248,7 +249,9 @@ def bench_decode(
                     spec_results[gamma].append(speculative_decode(pair.target, pair.draft, prompts, max_new_tokens,
                                                                   gamma, config, generator, time_forwards=in_run))
                     bar.update()
-            plain_seconds = sum(r.seconds for r in plain_runs)
+            # the decode phase only: the prompt's prefill (time to first token) is reported apart, since
+            # speculative decoding changes the time per output token, and adds only the draft's prefill
+            plain_seconds = sum(r.seconds - r.prefill_seconds for r in plain_runs)
             plain_tps = batch * max_new_tokens * repeats / plain_seconds
             # c and v in situ: every forward timed where it happens, after the prefill
             timed_plain, timed_spec = plain_runs, spec_results
@@ -285,7 +288,8 @@ def bench_decode(
                 # seconds / its forward seconds) / (speculative seconds / its forward seconds), each side's
                 # own overhead, and a slow spell of a shared machine that stretches a run's forwards
                 # stretches its total alike
-                spec_tps = batch * max_new_tokens * repeats / sum(r.seconds for r in results)
+                spec_seconds = sum(r.seconds - r.prefill_seconds for r in results)
+                spec_tps = batch * max_new_tokens * repeats / spec_seconds
                 measured = spec_tps / plain_tps
                 leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
                 refined = tokens_per_forward / (gamma * c + v)
@@ -297,7 +301,9 @@ def bench_decode(
                     "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
                     "efficiency": measured / refined,
                     # totals over the repeats (forward seconds from the runs that timed them)
-                    "plain_seconds": plain_seconds, "speculative_seconds": sum(r.seconds for r in results),
+                    "plain_seconds": plain_seconds, "speculative_seconds": spec_seconds,
+                    "plain_prefill_seconds": sum(r.prefill_seconds for r in plain_runs) / repeats,
+                    "speculative_prefill_seconds": sum(r.prefill_seconds for r in results) / repeats,
                     "plain_forward_seconds": sum(r.target_seconds for r in timed_plain),
                     "speculative_forward_seconds": sum(r.target_seconds + r.draft_seconds for r in timed_spec[gamma]),
                     # the same ratios from forwards timed alone, back to back (warm caches): for comparison
@@ -310,7 +316,8 @@ def bench_decode(
     bar.close()
     return {
         "benchmark": "decode",
-        "what": "plain vs speculative decoding, side by side, same prompts and seeds; totals over repeats",
+        "what": "plain vs speculative decoding, side by side, same prompts and seeds; decode phase (after the "
+                "prefill), totals over repeats",
         "environment": environment(device),
         "pair_sha256": pair.sha256,
         "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",

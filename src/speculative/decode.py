@@ -49,6 +49,7 @@ class DecodeResult:
     seconds: float = 0.0
     accepted: list[torch.Tensor] = field(default_factory=list)  # per block: (B,) accepted drafts, -1 if inactive
     gamma: int = 0
+    prefill_seconds: float = 0.0  # of ``seconds``: the prompt forwards (both models' for speculative decoding)
     # with time_forwards=True: seconds spent inside the forward calls after the prefill (NaN otherwise)
     target_seconds: float = float("nan")
     draft_seconds: float = float("nan")
@@ -132,6 +133,13 @@ def _prefill(model: GPT, prompts: list[list[int]], device, length: int):
     return cache.select(torch.tensor([slot[tuple(p)] for p in prompts], device=device))
 
 
+def _elapsed(started: float, device) -> float:
+    """Return seconds since ``started``, after the device has finished its queued work."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
 class _ForwardClock:
     """Adds up the seconds spent inside each model's forward calls, synchronising the device around them.
 
@@ -176,6 +184,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     generator = generator or torch.Generator(device=device).manual_seed(0)
     started = time.perf_counter()
     cache = _prefill(model, rows, device, length=max(len(r) for r in rows) + max_new_tokens)
+    prefill_seconds = _elapsed(started, device)
     lengths = torch.tensor([len(r) for r in rows], device=device)
     last = torch.tensor([r[-1] for r in rows], device=device)
     generated = []
@@ -189,6 +198,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
         lengths = lengths + 1
     tokens = torch.stack(generated, 1).tolist()
     return DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1, seconds=time.perf_counter() - started,
+                        prefill_seconds=prefill_seconds,
                         target_seconds=clock.seconds["target"] if time_forwards else float("nan"))
 
 
@@ -219,6 +229,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     capacity = max(len(r) for r in rows) + max_new_tokens + gamma + 2
     target_cache = _prefill(target, rows, device, length=min(capacity, target.config.context))
     draft_cache = _prefill(draft, rows, device, length=min(capacity, draft.config.context))
+    prefill_seconds = _elapsed(started, device)
     target_forwards, draft_forwards = 1, 1
     sequence = _padded(rows, capacity, device)  # (B, capacity): prompt, then generated tokens, every row
     origin = torch.arange(batch, device=device)  # decoding row i is row origin[i] of the batch
@@ -285,7 +296,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     tokens = [sequence[b, int(prompt_lengths[b]):int(prompt_lengths[b]) + max_new_tokens].tolist()
               for b in range(batch)]
     return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
-                        seconds=time.perf_counter() - started, accepted=accepted_log, gamma=gamma,
+                        seconds=time.perf_counter() - started, prefill_seconds=prefill_seconds,
+                        accepted=accepted_log, gamma=gamma,
                         target_seconds=clock.seconds["target"] if time_forwards else float("nan"),
                         draft_seconds=clock.seconds["draft"] if time_forwards else float("nan"))
 
