@@ -84,7 +84,12 @@ def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir):
     log = json.loads((second / "train_log.json").read_text())["draft"]
     assert log["initialised_from_trained_weights"] is True
     assert log["initial"]["pair_sha256"] == load_pair(first).sha256
+    # --reuse-target keeps the first pair's target, its weights and its log, and trains only a draft
+    third = tmp_path / "third"
+    assert main(["train", "--out", str(third), "--draft-seconds", "1", "--reuse-target", str(first), *shapes]) == 0
+    assert (third / "target.safetensors").read_bytes() == (first / "target.safetensors").read_bytes()
+    assert json.loads((third / "train_log.json").read_text())["target"]["pair_sha256"] == load_pair(first).sha256
     # a draft trained on another corpus (the tiny test pair records none) is refused by name
     with pytest.raises(ValueError, match="different corpus"):
-        main(["train", "--out", str(tmp_path / "third"), "--target-seconds", "1", "--draft-seconds", "1",
+        main(["train", "--out", str(tmp_path / "fourth"), "--target-seconds", "1", "--draft-seconds", "1",
               "--draft-init", str(tiny_pair_dir), *shapes])

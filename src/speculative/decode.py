@@ -143,10 +143,10 @@ def _elapsed(started: float, device) -> float:
 class _ForwardClock:
     """Adds up the seconds spent inside each model's forward calls, synchronising the device around them.
 
-    It times the calls where they really happen, inside the decoding loop, so the weights' competition
-    for caches with the other model and the loop's own work is included; a forward timed alone in a
-    tight loop runs with warm caches and reads cheaper. Synchronising costs a CUDA run some overlap, so
-    a benchmark times its speed in separate, untimed runs.
+    It times the calls where they really happen, inside the decoding loop, between the other model's
+    calls and the loop's own work, rather than a forward repeated alone in a tight loop (the benchmark
+    records both, and they can differ widely). Only the calls are timed, not the work between them.
+    Synchronising costs a CUDA run some overlap, so there a benchmark measures speed in other runs.
     """
 
     def __init__(self, device):
@@ -292,9 +292,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         sequence[origin.unsqueeze(1).expand_as(positions)[keep], positions[keep]] = emitted[keep]
         lengths = lengths + torch.where(active, out.num_emitted.to(device), 0)
         draft_behind = torch.where(out.num_accepted.to(device) == gamma, 2, 1)
-    prompt_lengths = torch.tensor([len(r) for r in rows])
-    tokens = [sequence[b, int(prompt_lengths[b]):int(prompt_lengths[b]) + max_new_tokens].tolist()
-              for b in range(batch)]
+    tokens = [sequence[b, len(row):len(row) + max_new_tokens].tolist() for b, row in enumerate(rows)]
     return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
                         seconds=time.perf_counter() - started, prefill_seconds=prefill_seconds,
                         accepted=accepted_log, gamma=gamma,

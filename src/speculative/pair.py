@@ -139,24 +139,22 @@ def train_pair(
     from .train import TrainConfig, train_model
 
     corpus = load_corpus()
-    if reuse_target is not None:
-        previous = load_pair(reuse_target, device=device)
-        target = previous.target
-        target_log = json.loads((Path(reuse_target) / "train_log.json").read_text())["target"]
+
+    def earlier(folder, role: str):
+        """Return (that pair's model in ``role``, its training log) after checking it saw this corpus."""
+        previous = load_pair(folder, device=device)
         if previous.info.get("corpus", {}).get("sha256") != corpus.sha256:
-            raise ValueError("the reused target was trained on a different corpus (sha256 differs)")
+            raise ValueError(f"the {role} in {folder} was trained on a different corpus (sha256 differs)")
+        log = json.loads((Path(folder) / "train_log.json").read_text())[role]
+        return getattr(previous, role), dict(log, pair_sha256=previous.sha256)
+
+    if reuse_target is not None:
+        target, target_log = earlier(reuse_target, "target")
     else:
         target, target_log = train_model(target_config, corpus.train, corpus.validation,
                                          TrainConfig(seconds=target_seconds, device=device, seed=seed),
                                          progress=progress, label="target")
-    initial_draft, initial_log = None, None
-    if draft_init is not None:
-        initial = load_pair(draft_init, device=device)
-        if initial.info.get("corpus", {}).get("sha256") != corpus.sha256:
-            raise ValueError("the initial draft was trained on a different corpus (sha256 differs)")
-        initial_draft = initial.draft
-        initial_log = json.loads((Path(draft_init) / "train_log.json").read_text())["draft"]
-        initial_log["pair_sha256"] = initial.sha256
+    initial_draft, initial_log = earlier(draft_init, "draft") if draft_init is not None else (None, None)
     draft, draft_log = train_model(
         draft_config, corpus.train, corpus.validation,
         TrainConfig(seconds=draft_seconds, device=device, seed=seed + 1, distill_weight=distill_weight),
