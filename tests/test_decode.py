@@ -89,7 +89,7 @@ def test_first_two_bytes_follow_the_exact_law(pair, config):
 def _planted_rollback_bug():
     """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
     source = inspect.getsource(decode)
-    correct = "target_logits = target(torch.cat([last, drafts], 1), at - 1, target_cache)"
+    correct = "target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache"
     assert source.count(correct) == 1
     name = "speculative.decode_with_planted_bug"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
@@ -125,8 +125,8 @@ def _tiny():
     [
         (lambda m, d: speculative_decode(m, d, [b""], 4, 2), "empty"),
         (lambda m, d: speculative_decode(m, d, [], 4, 2), "non-empty list"),
-        (lambda m, d: speculative_decode(m, d, [b"x" * 40], 4, 2), "longer than the context"),
-        (lambda m, d: speculative_decode(m, d, [b"x" * 20], 12, 2), "exceeds the context"),
+        (lambda m, d: speculative_decode(m, d, [b"x" * 40], 4, 2), "longer than the model.s context"),
+        (lambda m, d: speculative_decode(m, d, [b"x" * 20], 12, 2), "exceeds the model.s context"),
         (lambda m, d: speculative_decode(m, d, [b"ab"], 4, 0), "gamma"),
         (lambda m, d: speculative_decode(m, d, [b"ab"], 0, 2), "max_new_tokens"),
         (lambda m, d: plain_decode(m, [b""], 4), "empty"),

@@ -80,7 +80,7 @@ def test_bad_calls(model):
         model(torch.tensor([[300]]))
     with pytest.raises(ValueError, match="exceed the context"):
         model(torch.zeros(1, 65, dtype=torch.long))
-    with pytest.raises(ValueError, match="start must have shape"):
+    with pytest.raises(ValueError, match="start must be an int or have shape"):
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(1, dtype=torch.long), model.new_cache(2))
     with pytest.raises(ValueError, match="outside"):
         model(torch.zeros(1, 3, dtype=torch.long), torch.tensor([62]), model.new_cache(1))

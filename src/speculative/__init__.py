@@ -1,7 +1,50 @@
 """speculative: speculative sampling, exactly.
 
-The library behind the book: the acceptance rule and exact verification (``rule``, ``exact``), with more
-modules added chapter by chapter. Notation: p = target distribution, q = draft distribution.
+The library behind the book. Notation: p = target distribution, q = draft distribution. The modules, each
+with one job (``defaults`` holds every default):
+
+- exact, no torch: ``rule`` (the rule on any number type), ``exact`` (enumeration in fractions),
+  ``symbolic`` (SymPy derivations), ``pitfalls`` (wrong rules, exact and sampled);
+- torch: ``transforms`` (temperature, top-k, top-p, greedy), ``sampler`` (the batched rejection sampler),
+  ``model`` (a byte-level GPT with a static KV cache), ``decode`` (plain and speculative decoding),
+  ``evaluate`` (reference laws and scores from full forwards), ``timing`` (device-aware clocks);
+- ``stats`` (goodness of fit, TV bounds, sample sizes, the measured acceptance rate);
+- ``pair`` (save and load a checksummed model pair), ``corpus`` and ``train`` (how the pair is made),
+  ``bench`` (benchmarks and their records), ``book`` (what the chapters share), and the CLI
+  (``python -m speculative``).
+
+The names below are importable from ``speculative`` itself; importing the package loads torch only when
+one of the torch names is first used, so ``import speculative.rule`` stays torch-free.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_PUBLIC = {
+    "SamplingConfig": "transforms", "logits_to_probs": "transforms",
+    "rejection_sample": "sampler", "reference_rejection_sample": "sampler", "SamplerOutput": "sampler",
+    "Randomness": "sampler", "draw_randomness": "sampler",
+    "GPT": "model", "GPTConfig": "model",
+    "speculative_decode": "decode", "plain_decode": "decode", "prefill": "decode", "DecodeResult": "decode",
+    "exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate",
+    "Pair": "pair", "load_pair": "pair", "save_pair": "pair",
+    "train_pair": "train", "get_pair": "train",
+    "Clock": "timing", "environment": "timing",
+    "goodness_of_fit": "stats", "samples_needed": "stats", "measured_acceptance_rate": "stats",
+    "acceptance_rate": "rule", "output_distribution": "rule", "total_variation": "rule",
+    "bench_decode": "bench", "bench_sampler": "bench",
+}
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

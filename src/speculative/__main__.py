@@ -1,6 +1,9 @@
 """Command line: ``python -m speculative verify | bench sampler | bench decode | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
+
+Every default comes from :mod:`speculative.defaults` and is shown by ``--help``. A bad input ends the
+program with exit status 2 and one line on stderr naming the problem, before any long work starts.
 """
 
 from __future__ import annotations
@@ -9,8 +12,19 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from . import __version__, defaults
 
-def _positive_ints(text: str) -> list[int]:
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _ints(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -18,6 +32,46 @@ def _positive_ints(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
 
 
 def _temperatures(text: str) -> list[float]:
@@ -42,71 +96,90 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu or cuda[:N]")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m speculative", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench,train}")
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
-    verify = commands.add_parser("verify", help="check the rule exactly and print every pitfall's exact law")
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
+    parser.add_argument("--version", action="version", version=f"speculative {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench,train}",
+                                     parser_class=_Parser)
+
+    verify = commands.add_parser("verify", help="check the rule exactly and print every pitfall's exact law",
+                                 formatter_class=formatter)
     verify.set_defaults(run=_run_verify)
 
-    bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record")
-    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode}")
-    sampler = targets.add_parser("sampler", help="the batched rejection sampler vs the plain per-row reference")
-    sampler.add_argument("--batch", type=_positive_ints, default=[1, 64], help="batch sizes (default 1,64)")
-    sampler.add_argument("--vocab", type=_positive_ints, default=[256, 32000], help="vocabularies (default 256,32000)")
-    sampler.add_argument("--k", type=int, default=4, help="drafted tokens per row (default 4)")
-    sampler.add_argument("--repeats", type=int, default=5, help="timed runs per point, after a warm-up (default 5)")
-    sampler.add_argument("--seed", type=int, default=0)
-    sampler.add_argument("--device", type=_device, default="cpu", help="cpu (default) or cuda")
+    bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record", formatter_class=formatter)
+    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode}", parser_class=_Parser)
+    s = defaults.BENCH_SAMPLER
+    sampler = targets.add_parser("sampler", help="the batched rejection sampler vs the plain per-row reference",
+                                 formatter_class=formatter)
+    sampler.add_argument("--batch", type=_ints, default=list(s["batches"]), metavar="B[,B...]", help="batch sizes")
+    sampler.add_argument("--vocab", type=_ints, default=list(s["vocabs"]), metavar="V[,V...]", help="vocabularies")
+    sampler.add_argument("--k", type=_int, default=s["k"], help="drafted tokens per row")
+    sampler.add_argument("--repeats", type=_int, default=s["repeats"], help="timed runs per point, after a warm-up")
+    sampler.add_argument("--seed", type=int, default=s["seed"], help="seed of the inputs and the uniforms")
+    sampler.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     sampler.add_argument("--out", default=None, help="write the JSON record here, e.g. results/sampler_cpu.json")
     sampler.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sampler.set_defaults(run=_run_bench_sampler)
-    decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair")
-    decode.add_argument("--gamma", type=_positive_ints, default=[1, 2, 4, 6, 8], help="draft lengths (default 1,2,4,6,8)")
-    decode.add_argument("--temperature", type=_temperatures, default=[0.0, 0.7, 1.0],
-                        help="temperatures, 0 = greedy (default 0,0.7,1)")
-    decode.add_argument("--batch", type=_positive_ints, default=[1, 4, 16], help="batch sizes (default 1,4,16)")
-    decode.add_argument("--max-new-tokens", type=int, default=128)
-    decode.add_argument("--repeats", type=int, default=5)
-    decode.add_argument("--seed", type=int, default=0)
-    decode.add_argument("--device", type=_device, default="cpu", help="cpu (default) or cuda")
+
+    d = defaults.BENCH_DECODE
+    decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair", formatter_class=formatter)
+    decode.add_argument("--gamma", type=_ints, default=list(d["gammas"]), metavar="G[,G...]", help="draft lengths")
+    decode.add_argument("--temperature", type=_temperatures, default=list(d["temperatures"]), metavar="T[,T...]",
+                        help="temperatures, 0 = greedy")
+    decode.add_argument("--top-k", type=_int, default=None, help="keep the k likeliest tokens (both models)")
+    decode.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest head of mass >= p (both models)")
+    decode.add_argument("--batch", type=_ints, default=list(d["batches"]), metavar="B[,B...]", help="batch sizes")
+    decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
+    decode.add_argument("--repeats", type=_int, default=d["repeats"], help="timed runs per point, after a warm-up")
+    decode.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
+    decode.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    decode.add_argument("--dtype", choices=_DTYPES, default="float32",
+                        help="weights and cache dtype (half precision is meant for CUDA)")
     decode.add_argument("--pair", default=None, help="folder of a model pair (default: the shipped pair)")
     decode.add_argument("--out", default=None, help="write the JSON record here, e.g. results/decode_cpu.json")
-    decode.add_argument("--no-progress", action="store_true")
+    decode.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     decode.set_defaults(run=_run_bench_decode)
+
     train = commands.add_parser("train", help="train a target and a draft on the stdlib corpus and save the pair "
-                                 "(defaults: the shipped pair's shapes and budgets)")
+                                "(defaults: the shipped pair's shapes and budgets)", formatter_class=formatter)
     train.add_argument("--out", required=True, help="folder for the pair (the shipped one is src/speculative/pair)")
-    train.add_argument("--target-seconds", type=float, default=4200.0, help="time budget for the target")
-    train.add_argument("--draft-seconds", type=float, default=720.0, help="time budget for the draft")
-    train.add_argument("--distill", type=float, default=0.8, help="weight of the KL-to-target term for the draft (0: off)")
-    train.add_argument("--target-layers", type=int, default=6)
-    train.add_argument("--target-width", type=int, default=384)
-    train.add_argument("--target-heads", type=int, default=6)
-    train.add_argument("--draft-layers", type=int, default=2)
-    train.add_argument("--draft-width", type=int, default=128)
-    train.add_argument("--draft-heads", type=int, default=2)
-    train.add_argument("--context", type=int, default=256)
+    train.add_argument("--force", action="store_true", help="replace --out if it already holds files")
+    train.add_argument("--target-seconds", type=_seconds, default=defaults.TARGET_SECONDS,
+                       help="time budget for the target")
+    train.add_argument("--draft-seconds", type=_seconds, default=defaults.DRAFT_SECONDS,
+                       help="time budget for the draft")
+    train.add_argument("--distill", type=_fraction, default=defaults.DISTILL_WEIGHT,
+                       help="weight of the KL-to-target term for the draft, in [0, 1) (0: off)")
+    for role, shape in (("target", defaults.TARGET_SHAPE), ("draft", defaults.DRAFT_SHAPE)):
+        train.add_argument(f"--{role}-layers", type=_int, default=shape["n_layer"], help=f"{role} blocks")
+        train.add_argument(f"--{role}-width", type=_int, default=shape["d_model"],
+                           help=f"{role} width (divisible by its heads)")
+        train.add_argument(f"--{role}-heads", type=_int, default=shape["n_head"], help=f"{role} attention heads")
+    train.add_argument("--context", type=_int, default=defaults.CONTEXT, help="positions both models hold")
     train.add_argument("--reuse-target", default=None, help="take the target from this pair folder; train only the draft")
     train.add_argument("--draft-init", default=None,
                        help="start the draft from this pair folder's draft (same shape) and keep training it")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", type=_device, default="cpu")
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--seed", type=int, default=defaults.TRAIN_SEED, help="seed of weights and batches")
+    train.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     train.set_defaults(run=_run_train)
     return parser
 
 
 def _run_bench_decode(args) -> int:
+    import torch
+
     from .bench import bench_decode, format_decode_table, write_record
     from .pair import load_pair
 
-    if args.max_new_tokens < 1 or args.repeats < 1:
-        print("error: --max-new-tokens and --repeats must be >= 1", file=sys.stderr)
-        return 2
-    pair = load_pair(args.pair, device=args.device)
+    pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
-                          args.seed, args.device, progress=not args.no_progress)
+                          args.seed, progress=not args.no_progress, top_k=args.top_k, top_p=args.top_p)
     print(format_decode_table(record))
     path = write_record(record, args.out)
     if path:
@@ -116,24 +189,21 @@ def _run_bench_decode(args) -> int:
 
 def _run_train(args) -> int:
     from .model import GPTConfig
-    from .pair import train_pair
+    from .train import train_pair
 
-    if args.target_seconds <= 0 or args.draft_seconds <= 0 or not 0 <= args.distill < 1:
-        print("error: time budgets must be > 0 and --distill in [0, 1)", file=sys.stderr)
-        return 2
     target = GPTConfig(context=args.context, n_layer=args.target_layers, n_head=args.target_heads,
                        d_model=args.target_width)
     draft = GPTConfig(context=args.context, n_layer=args.draft_layers, n_head=args.draft_heads,
                       d_model=args.draft_width)
     digest = train_pair(args.out, target, draft, args.target_seconds, args.draft_seconds, args.distill,
                         args.device, args.seed, progress=not args.no_progress, reuse_target=args.reuse_target,
-                        draft_init=args.draft_init)
+                        draft_init=args.draft_init, overwrite=args.force)
     print(f"pair written to {args.out} (sha256 {digest})")
     return 0
 
 
 def _run_verify(args) -> int:
-    from .display import as_text
+    from .book import as_text
     from .pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
     from .rule import output_distribution, total_variation
 
@@ -146,15 +216,14 @@ def _run_verify(args) -> int:
     for pitfall in PITFALLS + [FIX]:
         law = pitfall.exact_law()
         print(f"{pitfall.key:28s} {as_text(law):52s} {as_text(total_variation(law, extend(pitfall.demo_p)))}")
+    print("law: the exact output distribution of the wrong rule on its demo pair; TV from p: its total variation "
+          "distance from the target (0 = lossless)")
     return 0
 
 
 def _run_bench_sampler(args) -> int:
     from .bench import bench_sampler, format_sampler_table, write_record
 
-    if args.k < 1 or args.repeats < 1:
-        print("error: --k and --repeats must be >= 1", file=sys.stderr)
-        return 2
     record = bench_sampler(args.batch, args.vocab, args.k, args.repeats, args.seed, args.device,
                            progress=not args.no_progress)
     print(format_sampler_table(record))
@@ -166,7 +235,13 @@ def _run_bench_sampler(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        # the library's input errors are one line naming the problem; show that line, not a traceback
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"python -m speculative: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -20,43 +19,13 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from . import defaults
+from .book import demo_settings  # noqa: F401  (importable from here, as it was before book.py)
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
+from .timing import Clock, environment, median_call_seconds, synchronize
 
-__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "write_record", "demo_settings",
-           "format_sampler_table", "format_decode_table"]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment(device: str = "cpu") -> dict:
-    """Return what a measurement ran on: device, accelerator name, torch, threads, CPU, Python, OS."""
-    info = {
-        "device": device,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["accelerator"] = torch.cuda.get_device_name(torch.device(device))
-        info["cuda"] = torch.version.cuda
-    return info
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "write_record",
+           "format_sampler_table", "format_decode_table", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
 
 def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, dict]:
@@ -68,13 +37,13 @@ def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, devic
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     for run in runs.values():
         run()
-    _sync(device)
+    synchronize(device)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             start = time.perf_counter()
             run()
-            _sync(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {
         name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "repeats": len(ts)}
@@ -83,11 +52,11 @@ def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, devic
 
 
 def bench_sampler(
-    batches: Iterable[int] = (1, 64),
-    vocabs: Iterable[int] = (256, 32000),
-    k: int = 4,
-    repeats: int = 5,
-    seed: int = 0,
+    batches: Iterable[int] = defaults.BENCH_SAMPLER["batches"],
+    vocabs: Iterable[int] = defaults.BENCH_SAMPLER["vocabs"],
+    k: int = defaults.BENCH_SAMPLER["k"],
+    repeats: int = defaults.BENCH_SAMPLER["repeats"],
+    seed: int = defaults.BENCH_SAMPLER["seed"],
     device: str = "cpu",
     progress: bool = True,
 ) -> dict:
@@ -137,8 +106,12 @@ def bench_sampler(
     }
 
 
+SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions verified per second (batch x k per "
+                  "call, median of interleaved runs); ratio: batched / reference")
+
+
 def format_sampler_table(record: dict) -> str:
-    """Return the sampler record as a plain-text table."""
+    """Return the sampler record as a plain-text table, with a legend under it."""
     lines = [f"{'batch':>5} {'V':>6} {'batched pos/s':>14} {'reference pos/s':>16} {'ratio':>7}"]
     for row in record["results"]:
         lines.append(f"{row['batch']:>5} {row['vocab']:>6} {row['batched_positions_per_s']:>14,.0f} "
@@ -146,6 +119,7 @@ def format_sampler_table(record: dict) -> str:
     env = record["environment"]
     lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
                  f"{env['threads']} threads")
+    lines.append(SAMPLER_LEGEND)
     return "\n".join(lines)
 
 
@@ -155,33 +129,28 @@ def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
         return None
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    partial.replace(out)  # atomic: a reader never sees half a record
     return out
 
 
-def _forward_costs(pair, batch: int, gammas, device: str, calls: int = 30) -> dict:
-    """Return median seconds of: one draft token, one target token, and target over gamma+1 tokens."""
-    from .decode import _prefill, encode_prompts
+def _forward_costs(pair, batch: int, gammas) -> dict:
+    """Return median seconds of: one draft token, one target token, and target over gamma+1 tokens,
+    each call timed alone, back to back, by ``torch.utils.benchmark.Timer``."""
+    from .decode import encode_prompts, prefill
 
     rows = encode_prompts(pair.prompts[:batch])
+    device = pair.target.device
     start = torch.tensor([len(r) - 1 for r in rows], device=device)
     token = torch.tensor([[r[-1]] for r in rows], device=device)
-    out = {}
 
     def median_time(model, tokens):
-        cache = _prefill(model, rows, device, length=model.config.context)
+        cache = prefill(model, rows, length=model.config.context)
         with torch.no_grad():
-            model(tokens, start, cache)
-            times = []
-            for _ in range(calls):
-                began = time.perf_counter()
-                model(tokens, start, cache)
-                _sync(device)
-                times.append(time.perf_counter() - began)
-        return statistics.median(times)
+            return median_call_seconds(lambda: model(tokens, start, cache, check=False))
 
-    out["draft_1"] = median_time(pair.draft, token)
-    out["target_1"] = median_time(pair.target, token)
+    out = {"draft_1": median_time(pair.draft, token), "target_1": median_time(pair.target, token)}
     for gamma in gammas:
         out[f"target_{gamma + 1}"] = median_time(pair.target, token.repeat(1, gamma + 1))
     return out
@@ -189,65 +158,89 @@ def _forward_costs(pair, batch: int, gammas, device: str, calls: int = 30) -> di
 
 def bench_decode(
     pair,
-    gammas: Iterable[int] = (1, 2, 4, 6, 8),
-    temperatures: Iterable[float] = (0.0, 0.7, 1.0),
-    batches: Iterable[int] = (1, 4, 16),
-    max_new_tokens: int = 128,
-    repeats: int = 3,
-    seed: int = 0,
-    device: str = "cpu",
+    gammas: Iterable[int] = defaults.BENCH_DECODE["gammas"],
+    temperatures: Iterable[float] = defaults.BENCH_DECODE["temperatures"],
+    batches: Iterable[int] = defaults.BENCH_DECODE["batches"],
+    max_new_tokens: int = defaults.BENCH_DECODE["max_new_tokens"],
+    repeats: int = defaults.BENCH_DECODE["repeats"],
+    seed: int = defaults.BENCH_DECODE["seed"],
     progress: bool = True,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
 ) -> dict:
     """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma).
 
-    For each batch size and temperature, plain decoding and speculative decoding at every gamma run in
-    turn, ``repeats`` times, on the same prompts (the first ``batch`` of the pair's held-out prompts) with
-    the same seed. Reported per point: alpha; tokens per target forward (new tokens per row / target calls
-    after the prefill, so a batch that waits for its slowest row is charged for it); tokens per active
-    block (accepted + 1, averaged over the blocks where a row was still decoding: what alpha alone
-    predicts); c (seconds per draft forward / seconds per single-position target forward) and v (seconds
-    per verification forward over gamma+1 positions / the same), both timed in situ, where the forwards
-    really run (in the timed runs on a CPU, in one extra run per decoder on CUDA), with the ratios from
+    Runs on the device the pair's weights are on (``pair.target.device``). Every setting is checked
+    before the first run, so a bad one fails at once and no record is written. For each batch size and
+    temperature (with ``top_k`` / ``top_p`` if given), plain decoding and speculative decoding at every
+    gamma run in turn, ``repeats`` times, on the same prompts (the first ``batch`` of the pair's
+    held-out prompts) with the same seed. Reported per point: alpha; tokens per target forward (new
+    tokens per row / target calls after the prefill, so a batch that waits for its slowest row is
+    charged for it); tokens per active block (accepted + 1, averaged over the blocks where a row was
+    still decoding: what alpha alone predicts); c (seconds per draft forward / seconds per
+    single-position target forward) and v (seconds per verification forward over gamma+1 positions /
+    the same), both timed in situ, where the forwards really run (in the timed runs on a CPU, in one
+    extra run per decoder on CUDA, where timing a forward synchronises the device), with the ratios from
     forwards timed alone kept beside them; tokens per second for both in the decode phase (all repeats'
     tokens / all their seconds after the prefill; the mean prefill of each is recorded apart, the
-    speculative one including the draft's); the measured speedup (their ratio); Leviathan et al.'s prediction from alpha and c; the
-    refined prediction tokens_per_forward / (gamma c + v); and the efficiency measured / refined
-    prediction. Pooled this way, the efficiency equals (plain decode seconds / plain forward seconds) /
-    (speculative decode seconds / speculative forward seconds) on a CPU: the share of time each decoder
-    spends outside its forwards, which is what the cost model leaves out.
+    speculative one including the draft's); the measured speedup (their ratio); Leviathan et al.'s
+    prediction from alpha and c; the refined figure tokens_per_forward / (gamma c + v); and the
+    efficiency measured / refined. The refined figure uses the same run's alpha, c and v, so it is a
+    decomposition of the measured speedup, not a prediction: pooled this way, the efficiency equals
+    (plain decode seconds / plain forward seconds) / (speculative decode seconds / speculative forward
+    seconds) on a CPU, the share of time each decoder spends outside its forwards.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
-    from .decode import acceptance_rate, plain_decode, speculative_decode
+    from .decode import _check, encode_prompts, plain_decode, speculative_decode
+    from .stats import measured_acceptance_rate
     from .transforms import SamplingConfig
 
     gammas, temperatures, batches = list(gammas), list(temperatures), list(batches)
+    device = pair.target.device
+    configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
+    if not gammas or not temperatures or not batches:
+        raise ValueError("gammas, temperatures and batches must each name at least one value")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if min(batches) < 1 or min(gammas) < 1:
+        raise ValueError("batch sizes and gammas must be >= 1")
     if max(batches) > len(pair.prompts):
         raise ValueError(f"batch {max(batches)} needs more prompts than the pair ships ({len(pair.prompts)})")
+    rows_all = encode_prompts(pair.prompts[:max(batches)], pair.target.config.vocab_size)
+    for model in (pair.target, pair.draft):  # the longest run first: fail now, not after an hour
+        _check(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
     rows = []
     # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v; on CUDA it
     # costs a synchronisation per forward, so separate runs do
-    in_run = not str(device).startswith("cuda")
+    in_run = device.type != "cuda"
     total = len(batches) * len(temperatures) * (repeats * (1 + len(gammas)) + 1)
     bar = tqdm(total=total, desc="decode bench", disable=not progress, file=sys.stderr)
+
+    def run_plain(prompts, config, run_seed, time_forwards):
+        clock = Clock(device, forwards=time_forwards)
+        generator = torch.Generator(device=device).manual_seed(run_seed)
+        return plain_decode(pair.target, prompts, max_new_tokens, config, generator, clock=clock)
+
+    def run_spec(prompts, gamma, config, run_seed, time_forwards):
+        clock = Clock(device, forwards=time_forwards)
+        generator = torch.Generator(device=device).manual_seed(run_seed)
+        return speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma, config, generator,
+                                  clock=clock)
+
     for batch in batches:
         prompts = pair.prompts[:batch]
-        costs = _forward_costs(pair, batch, gammas, device)
-        for temperature in temperatures:
-            config = SamplingConfig(temperature=temperature)
+        costs = _forward_costs(pair, batch, gammas)
+        for config in configs:
             plain_runs, spec_results = [], {g: [] for g in gammas}
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, prompts, 8, config, warm)  # warm-up, not timed
             speculative_decode(pair.target, pair.draft, prompts, 8, gammas[0], config, warm)
             for repeat in range(repeats):
-                generator = torch.Generator(device=device).manual_seed(seed + repeat)
-                plain_runs.append(plain_decode(pair.target, prompts, max_new_tokens, config, generator,
-                                               time_forwards=in_run))
+                plain_runs.append(run_plain(prompts, config, seed + repeat, in_run))
                 bar.update()
                 for gamma in gammas:
-                    generator = torch.Generator(device=device).manual_seed(seed + repeat)
-                    spec_results[gamma].append(speculative_decode(pair.target, pair.draft, prompts, max_new_tokens,
-                                                                  gamma, config, generator, time_forwards=in_run))
+                    spec_results[gamma].append(run_spec(prompts, gamma, config, seed + repeat, in_run))
                     bar.update()
             # the decode phase only: the prompt's prefill (time to first token) is reported apart, since
             # speculative decoding changes the time per output token, and adds only the draft's prefill
@@ -256,14 +249,8 @@ def bench_decode(
             # c and v in situ: every forward timed where it happens, after the prefill
             timed_plain, timed_spec = plain_runs, spec_results
             if not in_run:  # one more run of each decoder, same seed, only for the forward times
-                generator = torch.Generator(device=device).manual_seed(seed)
-                timed_plain = [plain_decode(pair.target, prompts, max_new_tokens, config, generator,
-                                            time_forwards=True)]
-                timed_spec = {}
-                for gamma in gammas:
-                    generator = torch.Generator(device=device).manual_seed(seed)
-                    timed_spec[gamma] = [speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma,
-                                                            config, generator, time_forwards=True)]
+                timed_plain = [run_plain(prompts, config, seed, True)]
+                timed_spec = {gamma: [run_spec(prompts, gamma, config, seed, True)] for gamma in gammas}
             target_call = sum(r.target_seconds for r in timed_plain) / (max_new_tokens * len(timed_plain))
             in_situ = {}
             for gamma in gammas:
@@ -277,7 +264,7 @@ def bench_decode(
                 results = spec_results[gamma]
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
                 active = accepted[accepted >= 0].double()
-                alpha = acceptance_rate([accepted], gamma)
+                alpha = measured_acceptance_rate([accepted], gamma)
                 # what a row gets per target call: the batch waits for its slowest row, so with batch > 1
                 # this is below the mean over active row-blocks (rows that finished early sit idle)
                 blocks = statistics.mean(len(r.accepted) for r in results)
@@ -294,7 +281,7 @@ def bench_decode(
                 leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
                 refined = tokens_per_forward / (gamma * c + v)
                 rows.append({
-                    "batch": batch, "temperature": temperature, "gamma": gamma,
+                    "batch": batch, "temperature": config.temperature, "gamma": gamma,
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": tokens_per_active_block, "blocks": blocks, "c": c, "v": v,
                     "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
@@ -326,7 +313,7 @@ def bench_decode(
         "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
-                   "top_p": None, "top_k": None},
+                   "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.token_embedding.weight.dtype)},
         "results": rows,
     }
 
@@ -340,8 +327,16 @@ def _prompts_hash(prompts) -> str:
     return digest.hexdigest()
 
 
+DECODE_LEGEND = (
+    "alpha: accepted / tested drafts; tok/fwd: new tokens per row per target call; c: draft forward / target "
+    "forward (in situ); v: verification forward over gamma+1 positions / target forward; tok/s: decode-phase "
+    "tokens per second (prefill excluded); speedup: spec / plain tok/s, same run; pred.: Leviathan et al. "
+    "from alpha and c; refined: tok/fwd / (gamma c + v), from this run's own figures (a decomposition, not a "
+    "prediction); effic.: speedup / refined")
+
+
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None) -> str:
-    """Return the decode record (optionally one batch size or one gamma) as a plain-text table."""
+    """Return the decode record (optionally one batch size or one gamma) as a plain-text table, with a legend."""
     lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'c':>6} {'v':>5} {'plain tok/s':>11} "
              f"{'spec tok/s':>10} {'speedup':>7} {'pred.':>6} {'refined':>7} {'effic.':>6}"]
     for row in record["results"]:
@@ -354,18 +349,5 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     env = record["environment"]
     lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
                  f"{env['threads']} threads; pair {record['pair_sha256'][:12]}")
+    lines.append(DECODE_LEGEND)
     return "\n".join(lines)
-
-
-def demo_settings(device: str) -> dict:
-    """Return the sizes a chapter should run at: small on CPU, full on a GPU or with SPECULATIVE_SCALE=full.
-
-    This is the one place that reads ``SPECULATIVE_SCALE``.
-    """
-    full = os.environ.get("SPECULATIVE_SCALE", "").lower() == "full" or device.startswith("cuda")
-    if full:
-        return {"scale": "full", "gammas": [1, 2, 4, 6, 8], "temperatures": [0.0, 0.7, 1.0],
-                "batches": [1, 4, 16], "max_new_tokens": 128, "repeats": 3, "distribution_rows": 24_000,
-                "task_rows": 256}
-    return {"scale": "small", "gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4],
-            "max_new_tokens": 64, "repeats": 1, "distribution_rows": 6_000, "task_rows": 96}

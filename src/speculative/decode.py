@@ -21,24 +21,43 @@ After a fully accepted block the draft has not yet seen its last draft, so the n
 tokens instead of one. The draft's bookkeeping cannot bias the output (the rule corrects for whatever q
 the draft really sampled from); the target's can, and a test plants an off-by-one there to show that the
 distribution test catches it.
+
+Host synchronisation. Inputs are checked once, at the boundary (prompts, lengths, gamma, devices). Inside
+the loop every tensor is made by the loop itself, so the models, ``logits_to_probs`` and the sampler run
+with their value checks off, and every per-row decision is a ``torch.where``: one speculative block reads
+one pair of numbers back to the host (rows finished, and whether any logits were NaN or inf), and plain
+decoding reads nothing back until its last token. On a GPU the work of a block is queued without a
+stall. A test counts these reads. Timing is not done here: pass a :class:`timing.Clock`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .model import GPT
-from .sampler import rejection_sample
-from .transforms import SamplingConfig, logits_to_probs
+from .model import GPT, KVCache
+from .sampler import categorical, rejection_sample
+from .timing import NO_CLOCK, Clock
+from .transforms import SamplingConfig, logits_problem, logits_to_probs
 
-__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "exact_two_byte_law", "acceptance_rate",
-           "completion_bits_per_byte"]
+__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "prefill"]
 
 Prompt = Union[bytes, str, Sequence[int]]
+_MOVED = {"exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate"}
+
+
+def __getattr__(name):  # names that lived here before: still importable from speculative.decode
+    if name in _MOVED:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_MOVED[name]}", __package__), name)
+    if name == "acceptance_rate":
+        from .stats import measured_acceptance_rate
+
+        return measured_acceptance_rate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -46,11 +65,13 @@ class DecodeResult:
     tokens: list[list[int]]  # generated tokens per row, exactly max_new_tokens each (prompt excluded)
     target_forwards: int = 0  # forward calls of the target (batched: one call serves every row)
     draft_forwards: int = 0
-    seconds: float = 0.0
     accepted: list[torch.Tensor] = field(default_factory=list)  # per block: (B,) accepted drafts, -1 if inactive
     gamma: int = 0
-    prefill_seconds: float = 0.0  # of ``seconds``: the prompt forwards (both models' for speculative decoding)
-    # with time_forwards=True: seconds spent inside the forward calls after the prefill (NaN otherwise)
+    # from the clock, when one was passed (NaN otherwise): the whole call, the prompt forwards (both
+    # models' for speculative decoding), and with Clock(forwards=True) the seconds inside the forward
+    # calls after the prefill
+    seconds: float = float("nan")
+    prefill_seconds: float = float("nan")
     target_seconds: float = float("nan")
     draft_seconds: float = float("nan")
 
@@ -58,13 +79,11 @@ class DecodeResult:
         return bytes(self.tokens[row]).decode("utf-8", errors="replace")
 
     def acceptance_rate(self) -> float:
-        """Return alpha as measured: accepted drafts / drafts that were tested, over active rows.
+        """Return alpha as measured: accepted drafts / drafts that were tested, over active rows
+        (see :func:`stats.measured_acceptance_rate`)."""
+        from .stats import measured_acceptance_rate
 
-        A block tests its drafts in order and stops at the first rejection, so it tests a + 1 drafts when
-        it accepts a < gamma of them and gamma when it accepts all; the drafts after a rejection were never
-        tested and do not count. This is the maximum-likelihood estimate of a per-draft acceptance rate.
-        """
-        return acceptance_rate(self.accepted, self.gamma)
+        return measured_acceptance_rate(self.accepted, self.gamma)
 
     def tokens_per_block(self) -> float:
         """Return emitted tokens per target call per active row (accepted + 1, averaged)."""
@@ -72,18 +91,17 @@ class DecodeResult:
         return float((counts[counts >= 0] + 1).float().mean())
 
 
-def acceptance_rate(accepted: Sequence[torch.Tensor], gamma: int) -> float:
-    """Return accepted / tested drafts for per-block accepted counts (-1 marks an inactive row)."""
-    if not len(accepted):
-        return float("nan")
-    counts = torch.cat([a.reshape(-1) for a in accepted])
-    counts = counts[counts >= 0]
-    tested = counts + (counts < gamma).long()
-    return float(counts.sum()) / float(tested.sum())
+def _timed(result: DecodeResult, clock: Clock) -> DecodeResult:
+    nan = float("nan")
+    result.seconds = clock.marks.get("end", nan)
+    result.prefill_seconds = clock.marks.get("prefill", nan)
+    result.target_seconds = clock.seconds.get("target", nan)
+    result.draft_seconds = clock.seconds.get("draft", nan)
+    return result
 
 
-def encode_prompts(prompts: Sequence[Prompt]) -> list[list[int]]:
-    """Return prompts as lists of byte ids; raise on an empty list or an empty prompt."""
+def encode_prompts(prompts: Sequence[Prompt], vocab_size: int = 256) -> list[list[int]]:
+    """Return prompts as lists of token ids; raise on an empty list, an empty prompt or an id out of range."""
     if isinstance(prompts, (bytes, str)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts (bytes, str or lists of byte ids)")
     encoded = []
@@ -91,22 +109,22 @@ def encode_prompts(prompts: Sequence[Prompt]) -> list[list[int]]:
         ids = list(prompt.encode("utf-8") if isinstance(prompt, str) else prompt)
         if not ids:
             raise ValueError(f"prompt {index} is empty: decoding needs at least one token of context")
-        if any(not 0 <= t < 256 for t in ids):
-            raise ValueError(f"prompt {index} holds ids outside [0, 256)")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+            raise ValueError(f"prompt {index} holds ids that are not integers in [0, {vocab_size})")
         encoded.append(ids)
     return encoded
 
 
 def _check(model: GPT, prompts: list[list[int]], max_new_tokens: int, lookahead: int) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     context = model.config.context
     longest = max(len(p) for p in prompts)
     if longest > context:
-        raise ValueError(f"a prompt of {longest} tokens is longer than the context of {context}")
+        raise ValueError(f"a prompt of {longest} tokens is longer than the model's context of {context}")
     if longest + max_new_tokens + lookahead > context:
         raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) + lookahead ({lookahead}) "
-                         f"exceeds the context of {context}")
+                         f"exceeds the model's context of {context}")
 
 
 def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
@@ -116,227 +134,180 @@ def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
-def _prefill(model: GPT, prompts: list[list[int]], device, length: int):
-    """Return a cache holding positions 0 .. n-2 of every row (right-padded; padding is never attended).
+@torch.no_grad()
+def prefill(model: GPT, rows: list[list[int]], length: int) -> KVCache:
+    """Return a cache of ``length`` positions holding positions 0 .. n-2 of every row (right-padded;
+    padding is never attended). ``rows`` are checked token ids (see :func:`encode_prompts`).
 
     Identical prompts are prefilled once and their cache rows copied.
     """
-    unique = sorted({tuple(p) for p in prompts})
+    device = model.device
+    unique = sorted({tuple(p) for p in rows})
     slot = {p: i for i, p in enumerate(unique)}
     cache = model.new_cache(len(unique), length=length)
     width = max(len(p) for p in unique) - 1
     if width > 0:
-        model(_padded([list(p[:-1]) for p in unique], width, device),
-              torch.zeros(len(unique), dtype=torch.long, device=device), cache)
-    if len(unique) == len(prompts) and all(slot[tuple(p)] == i for i, p in enumerate(prompts)):
+        model(_padded([list(p[:-1]) for p in unique], width, device), 0, cache, check=False)
+    if len(unique) == len(rows) and all(slot[tuple(p)] == i for i, p in enumerate(rows)):
         return cache
-    return cache.select(torch.tensor([slot[tuple(p)] for p in prompts], device=device))
-
-
-def _elapsed(started: float, device) -> float:
-    """Return seconds since ``started``, after the device has finished its queued work."""
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
-
-
-class _ForwardClock:
-    """Adds up the seconds spent inside each model's forward calls, synchronising the device around them.
-
-    It times the calls where they really happen, inside the decoding loop, between the other model's
-    calls and the loop's own work, rather than a forward repeated alone in a tight loop (the benchmark
-    records both, and they can differ widely). Only the calls are timed, not the work between them.
-    Synchronising costs a CUDA run some overlap, so there a benchmark measures speed in other runs.
-    """
-
-    def __init__(self, device):
-        self.seconds = {"target": 0.0, "draft": 0.0}
-        self.cuda = str(device).startswith("cuda")
-
-    def wrap(self, model, name):
-        def call(*args):
-            if self.cuda:
-                torch.cuda.synchronize()
-            began = time.perf_counter()
-            out = model(*args)
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.seconds[name] += time.perf_counter() - began
-            return out
-        return call
+    return cache.select(torch.tensor([slot[tuple(p)] for p in rows], device=device))
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    """Return one token per row of ``probs`` (B, V), by inverse-CDF sampling (no host read, never NaN)."""
+    uniform = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
+    return categorical(probs, uniform)
+
+
+def _raise_if(problem: bool) -> None:
+    if problem:
+        raise ValueError("a model produced NaN or +inf logits, or a row of logits entirely -inf, while decoding")
 
 
 @torch.no_grad()
 def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
                  config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
-                 time_forwards: bool = False) -> DecodeResult:
+                 clock: Optional[Clock] = None) -> DecodeResult:
     """Return max_new_tokens tokens per prompt, sampled one at a time from the model (one forward each).
 
-    ``time_forwards=True`` also records the seconds spent inside the forwards after the prefill.
+    ``clock`` (a :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the
+    seconds inside the model's calls; without one nothing is timed.
     """
-    rows = encode_prompts(prompts)
+    rows = encode_prompts(prompts, model.config.vocab_size)
     _check(model, rows, max_new_tokens, lookahead=0)
-    device = model.token_embedding.weight.device
+    device = model.device
     generator = generator or torch.Generator(device=device).manual_seed(0)
-    started = time.perf_counter()
-    cache = _prefill(model, rows, device, length=max(len(r) for r in rows) + max_new_tokens)
-    prefill_seconds = _elapsed(started, device)
+    clock = clock or NO_CLOCK
+    clock.start()
+    longest = max(len(r) for r in rows)
+    cache = prefill(model, rows, length=longest + max_new_tokens)
+    clock.mark("prefill")
+    call = clock.wrap(model, "target")
+    shared = len({len(r) for r in rows}) == 1  # every row at one position: a host int, a slice write
     lengths = torch.tensor([len(r) for r in rows], device=device)
     last = torch.tensor([r[-1] for r in rows], device=device)
+    problem = torch.zeros((), dtype=torch.bool, device=device)
     generated = []
-    clock = _ForwardClock(device)
-    if time_forwards:
-        model = clock.wrap(model, "target")
-    for _ in range(max_new_tokens):
-        logits = model(last.unsqueeze(1), lengths - 1, cache)[:, -1]  # (B, V)
-        last = _sample(logits_to_probs(logits, config), generator)
+    for step in range(max_new_tokens):
+        start = len(rows[0]) - 1 + step if shared else lengths - 1 + step
+        logits = call(last.unsqueeze(1), start, cache, span=longest + step, check=False)[:, -1]  # (B, V)
+        problem |= logits_problem(logits)
+        last = _sample(logits_to_probs(logits, config, check=False), generator)
         generated.append(last)
-        lengths = lengths + 1
+    _raise_if(bool(problem))
     tokens = torch.stack(generated, 1).tolist()
-    return DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1, seconds=time.perf_counter() - started,
-                        prefill_seconds=prefill_seconds,
-                        target_seconds=clock.seconds["target"] if time_forwards else float("nan"))
+    clock.mark("end")
+    return _timed(DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1), clock)
 
 
 @torch.no_grad()
 def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
                        config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
-                       sampler: Callable = rejection_sample, time_forwards: bool = False) -> DecodeResult:
+                       sampler: Callable = rejection_sample, clock: Optional[Clock] = None) -> DecodeResult:
     """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
 
     The emitted tokens have the target's distribution under ``config`` (see the module docstring);
     draft and target go through the same :func:`logits_to_probs`. ``sampler`` is the verification rule
-    (``rejection_sample``'s signature); chapters swap in a biased one from ``pitfalls`` to show what a
-    wrong rule does on a real model pair. ``time_forwards=True`` also records the seconds spent inside
-    each model's forwards after the prefill.
+    (``rejection_sample``'s signature, called with ``check_values=False``); chapters swap in a biased one
+    from ``pitfalls`` to show what a wrong rule does on a real model pair. ``clock`` (a
+    :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the seconds inside
+    each model's calls; without one nothing is timed.
     """
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
                          f"draft has {draft.config.vocab_size}")
-    rows = encode_prompts(prompts)
+    if target.device != draft.device:
+        raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
+    rows = encode_prompts(prompts, target.config.vocab_size)
     _check(target, rows, max_new_tokens, lookahead=gamma + 2)
     _check(draft, rows, max_new_tokens, lookahead=gamma + 2)
-    device = target.token_embedding.weight.device
+    device = target.device
     generator = generator or torch.Generator(device=device).manual_seed(0)
+    clock = clock or NO_CLOCK
     batch = len(rows)
-    started = time.perf_counter()
-    capacity = max(len(r) for r in rows) + max_new_tokens + gamma + 2
-    target_cache = _prefill(target, rows, device, length=min(capacity, target.config.context))
-    draft_cache = _prefill(draft, rows, device, length=min(capacity, draft.config.context))
-    prefill_seconds = _elapsed(started, device)
+    clock.start()
+    longest = max(len(r) for r in rows)
+    capacity = longest + max_new_tokens + gamma + 2  # <= both contexts (checked above)
+    target_cache = prefill(target, rows, length=capacity)
+    draft_cache = prefill(draft, rows, length=capacity)
+    clock.mark("prefill")
+    target_call, draft_call = clock.wrap(target, "target"), clock.wrap(draft, "draft")
     target_forwards, draft_forwards = 1, 1
-    sequence = _padded(rows, capacity, device)  # (B, capacity): prompt, then generated tokens, every row
+    # (B, capacity + 1): prompt, then generated tokens; the last column is scratch, where the writes of
+    # finished rows and of padding go instead of being masked out (a mask would need a host read)
+    sequence = _padded(rows, capacity + 1, device)
+    scratch = capacity
     origin = torch.arange(batch, device=device)  # decoding row i is row origin[i] of the batch
     lengths = torch.tensor([len(r) for r in rows], device=device)  # n per decoding row
     prompt_lengths = lengths.clone()
     draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
+    problem = torch.zeros((), dtype=torch.bool, device=device)  # any NaN / inf logits so far
     accepted_log = []
-    clock = _ForwardClock(device)
-    if time_forwards:
-        target, draft = clock.wrap(target, "target"), clock.wrap(draft, "draft")
+    offsets = torch.arange(gamma + 1, device=device)
+    bound = longest  # on the host: no row's length n exceeds it (a block adds at most gamma + 1)
     while True:
         active = lengths - prompt_lengths < max_new_tokens
-        finished = int((~active).sum())
+        finished, bad = torch.stack([(~active).sum(), problem.long()]).tolist()  # the block's one host read
+        _raise_if(bad)
         if finished == len(active):
             break
-        if 2 * finished >= len(active):
+        if finished and 2 * finished >= len(active):
             # half the rows are done: drop them (one copy of each cache) so that later blocks stop
-            # computing them; below that, finished rows ride along, parked at their prompt
-            keep = active.nonzero().squeeze(1)
+            # computing them; below that, finished rows ride along, parked at their prompt. A stable
+            # sort puts the active rows first, in order, without reading the mask back.
+            keep = torch.argsort((~active).to(torch.int8), stable=True)[:len(active) - finished]
             target_cache, draft_cache = target_cache.select(keep), draft_cache.select(keep)
-            origin, lengths, prompt_lengths, draft_behind = (t[keep] for t in (origin, lengths, prompt_lengths,
-                                                                                draft_behind))
-            active = active[keep]
+            origin, lengths, prompt_lengths, draft_behind, active = (
+                t[keep] for t in (origin, lengths, prompt_lengths, draft_behind, active))
+        span = min(bound + gamma + 1, capacity)  # every position this block writes lies below it
         rows_index = torch.arange(len(origin), device=device)
         at = torch.where(active, lengths, prompt_lengths)
         behind = torch.where(active, draft_behind, 1)
         # 1. draft gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
         first_start = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
         chunk = torch.stack([sequence[origin, first_start], sequence[origin, first_start + 1]], 1)
-        logits = draft(chunk, first_start, draft_cache)
-        draft_logits = [logits[rows_index, behind - 1]]  # (B, V) at position n - 1
+        logits = draft_call(chunk, first_start, draft_cache, span=span, check=False)
+        draft_logits = logits[rows_index, behind - 1]  # (B, V) at position n - 1
+        problem |= logits_problem(draft_logits)
         draft_forwards += 1
         drafts, draft_probs = [], []
         for i in range(gamma):
-            probs = logits_to_probs(draft_logits[-1], config)
+            probs = logits_to_probs(draft_logits, config, check=False)
             token = _sample(probs, generator)
             drafts.append(token)
             draft_probs.append(probs)
             if i + 1 < gamma:
-                draft_logits.append(draft(token.unsqueeze(1), at + i, draft_cache)[:, -1])
+                draft_logits = draft_call(token.unsqueeze(1), at + i, draft_cache, span=span, check=False)[:, -1]
+                problem |= logits_problem(draft_logits)
                 draft_forwards += 1
         drafts = torch.stack(drafts, 1)  # (B, gamma)
         # 2. one target forward over the last token and the gamma drafts
         last = sequence[origin, at - 1].unsqueeze(1)
-        target_logits = target(torch.cat([last, drafts], 1), at - 1, target_cache)  # (B, gamma+1, V)
+        target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache, span=span,
+                                    check=False)  # (B, gamma+1, V)
+        problem |= logits_problem(target_logits)
         target_forwards += 1
-        # 3. accept a prefix and add the correction or bonus token
-        # probabilities from logits_to_probs are valid by construction (it rejects NaN logits), so the
-        # sampler's O(B k V) value scan is skipped here; shapes and ids are still checked
-        out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config),
+        # 3. accept a prefix and add the correction or bonus token; the inputs were made here, so the
+        # sampler's value checks (each a host read) are off
+        out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config, check=False),
                       generator, check_values=False)
-        block = torch.where(active, out.num_accepted, -1).cpu()  # -1: the row was not decoding in this block
+        block = torch.where(active, out.num_accepted, -1)  # -1: the row was not decoding in this block
         if len(origin) < batch:  # rows were dropped: put each count back at its row of the batch
-            block = torch.full((batch,), -1, dtype=torch.long).index_copy_(0, origin.cpu(), block)
+            block = torch.full((batch,), -1, dtype=torch.long, device=device).index_copy_(0, origin, block)
         accepted_log.append(block)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
-        positions = at.unsqueeze(1) + torch.arange(gamma + 1, device=device)
         emitted = out.tokens.to(device)
-        keep = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
-        sequence[origin.unsqueeze(1).expand_as(positions)[keep], positions[keep]] = emitted[keep]
+        write = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
+        columns = torch.where(write, at.unsqueeze(1) + offsets, scratch)
+        sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
         lengths = lengths + torch.where(active, out.num_emitted.to(device), 0)
         draft_behind = torch.where(out.num_accepted.to(device) == gamma, 2, 1)
-    tokens = [sequence[b, len(row):len(row) + max_new_tokens].tolist() for b, row in enumerate(rows)]
-    return DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
-                        seconds=time.perf_counter() - started, prefill_seconds=prefill_seconds,
-                        accepted=accepted_log, gamma=gamma,
-                        target_seconds=clock.seconds["target"] if time_forwards else float("nan"),
-                        draft_seconds=clock.seconds["draft"] if time_forwards else float("nan"))
-
-
-@torch.no_grad()
-def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = SamplingConfig()) -> torch.Tensor:
-    """Return the exact law (256, 256) of the first two bytes the target emits after ``prompt``.
-
-    One forward gives the first byte's distribution p1; one batched forward over the 256 possible first
-    bytes gives each p2(. | a). The law is p1(a) p2(b | a), after the sampling transforms in ``config``.
-    """
-    ids = encode_prompts([prompt])[0]
-    vocab = target.config.vocab_size
-    if len(ids) + 1 > target.config.context:
-        raise ValueError("the prompt leaves no room for two more bytes in the context")
-    device = target.token_embedding.weight.device
-    prefix = torch.tensor([ids], device=device)
-    first = logits_to_probs(target(prefix)[:, -1], config)[0].double()  # (V,)
-    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab, device=device).unsqueeze(1)], 1)
-    second = logits_to_probs(target(extended)[:, -1], config).double()  # (V, V): row a is p2(. | a)
-    law = first.unsqueeze(1) * second
-    return law / law.sum()
-
-
-@torch.no_grad()
-def completion_bits_per_byte(target: GPT, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Return, per row, the mean -log2 p(byte | context) the target assigns to the completion's bytes."""
-    rows = encode_prompts(prompts)
-    if len(rows) != len(completions):
-        raise ValueError(f"{len(rows)} prompts but {len(completions)} completions")
-    lengths = [len(r) + len(c) for r, c in zip(rows, completions)]
-    if max(lengths) > target.config.context:
-        raise ValueError("a prompt plus its completion exceeds the target's context")
-    device = target.token_embedding.weight.device
-    width = max(lengths)
-    tokens = _padded([r + list(c) for r, c in zip(rows, completions)], width, device)
-    logprobs = torch.log_softmax(target(tokens).double(), dim=-1)  # (B, width, V)
-    out = []
-    for b, (prompt, completion) in enumerate(zip(rows, completions)):
-        start = len(prompt)
-        picked = logprobs[b, start - 1:start - 1 + len(completion)].gather(
-            -1, torch.tensor(list(completion), device=device).unsqueeze(1))
-        out.append(-picked.mean() / torch.log(torch.tensor(2.0, dtype=torch.float64)))
-    return torch.stack(out)
+        bound = min(bound + gamma + 1, capacity)
+    full = sequence.tolist()
+    accepted = list(torch.stack(accepted_log).cpu().unbind(0))
+    tokens = [full[b][len(row):len(row) + max_new_tokens] for b, row in enumerate(rows)]
+    clock.mark("end")
+    return _timed(DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
+                               accepted=accepted, gamma=gamma), clock)

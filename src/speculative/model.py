@@ -18,16 +18,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import defaults
+
 __all__ = ["GPTConfig", "GPT", "KVCache"]
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    vocab_size: int = 256  # bytes
-    context: int = 256  # positions the model and its cache can hold
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    d_model: int = 256  # width of the residual stream; must be divisible by n_head
+    """A model's shape; the defaults are the shipped target's (``defaults.TARGET_SHAPE``)."""
+
+    vocab_size: int = defaults.VOCAB_SIZE  # bytes
+    context: int = defaults.CONTEXT  # positions the model and its cache can hold
+    n_layer: int = defaults.TARGET_SHAPE["n_layer"]  # transformer blocks
+    n_head: int = defaults.TARGET_SHAPE["n_head"]  # attention heads per block
+    d_model: int = defaults.TARGET_SHAPE["d_model"]  # width of the residual stream; divisible by n_head
     dropout: float = 0.0  # training only
 
     def __post_init__(self):
@@ -78,7 +82,7 @@ class _Block(nn.Module):
                                  nn.Linear(4 * config.d_model, config.d_model))
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, layer: int, cache: KVCache | None, positions, mask, shared_start: int | None):
+    def forward(self, x, layer: int, cache: KVCache | None, positions, mask, shared_start: int | None, span: int):
         batch, steps, width = x.shape  # (B, T, C)
         head_dim = width // self.n_head
         q, k, v = self.qkv(self.ln_1(x)).split(width, dim=-1)
@@ -93,7 +97,6 @@ class _Block(nn.Module):
                 rows = torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
                 cache.keys[layer][rows, positions] = k.to(cache.keys.dtype)  # write at each row's positions
                 cache.values[layer][rows, positions] = v.to(cache.values.dtype)
-            span = mask.shape[-1]
             k, v = cache.keys[layer][:, :span].to(q.dtype), cache.values[layer][:, :span].to(q.dtype)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask, is_causal=mask is None)  # (B, H, T, D)
@@ -128,6 +131,11 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the weights are on: the one source of truth for where this model runs."""
+        return self.token_embedding.weight.device
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -136,19 +144,26 @@ class GPT(nn.Module):
         reference = self.token_embedding.weight
         return KVCache(self.config, batch, device or reference.device, dtype or reference.dtype, length)
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor | None = None, cache: KVCache | None = None):
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor | int | None = None, cache: KVCache | None = None,
+                *, span: int | None = None, check: bool = True):
         """Return logits (B, T, V) for ``tokens`` (B, T) placed at positions start[b] .. start[b] + T - 1.
 
         Without a cache, ``start`` must be None and the positions are 0 .. T - 1 (training). With a cache,
-        the keys and values are written at those positions and each query attends to every cached
-        position up to its own, so the cache must already hold positions 0 .. start[b] - 1 of row b.
+        ``start`` is an int (every row at the same position: a plain slice write) or a (B,) tensor (one
+        position per row); the keys and values are written at those positions and each query attends to
+        every cached position up to its own, so the cache must already hold positions 0 .. start[b] - 1.
+        ``span`` bounds the cached positions attended to (0 .. span - 1); it must exceed every position
+        written. ``check=False`` skips the checks that read tensor values (ids in range, positions inside
+        the cache): each of those is a host-device synchronisation, so a decoding loop that made its own
+        inputs turns them off; without ``span`` it then attends over the whole cache, masked.
         """
         batch, steps = tokens.shape
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
-        low, high = tokens.aminmax()
-        if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
+        if check:
+            low, high = tokens.aminmax()
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"tokens must be integer ids in [0, {self.config.vocab_size})")
         device = tokens.device
         offsets = torch.arange(steps, device=device)
         if cache is None:
@@ -156,22 +171,32 @@ class GPT(nn.Module):
                 raise ValueError("start positions need a cache")
             if steps > self.config.context:
                 raise ValueError(f"{steps} tokens exceed the context of {self.config.context}")
-            positions, mask, shared_start = offsets.expand(batch, steps), None, None
+            positions, mask, shared_start, span = offsets.expand(batch, steps), None, None, steps
         else:
-            if start is None or start.shape != (batch,):
-                raise ValueError(f"with a cache, start must have shape ({batch},)")
             if cache.batch != batch:
                 raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
-            starts = start.tolist()
-            first, last = min(starts), max(starts) + steps - 1
-            if first < 0 or last >= cache.context:
+            if isinstance(start, int):
+                first, last, shared_start = start, start + steps - 1, start
+                positions = (start + offsets).expand(batch, steps)
+            else:
+                if not isinstance(start, torch.Tensor) or start.shape != (batch,):
+                    raise ValueError(f"with a cache, start must be an int or have shape ({batch},)")
+                positions = start.to(device).long().unsqueeze(1) + offsets  # (B, T)
+                shared_start = None
+                if check:
+                    low, high = start.aminmax()
+                    first, last = int(low), int(high) + steps - 1
+                else:
+                    first, last = 0, -1
+            if check and (first < 0 or last >= cache.context):
                 raise ValueError(f"positions {first}..{last} fall outside the cache's {cache.context} positions")
-            positions = start.to(device).long().unsqueeze(1) + offsets  # (B, T)
-            shared_start = starts[0] if first == max(starts) else None
-            span = last + 1  # attend to cached positions 0 .. span - 1 only
+            if span is None:
+                span = last + 1 if last >= 0 else cache.context
+            if not 1 <= span <= cache.context:
+                raise ValueError(f"span must be in [1, {cache.context}], got {span}")
             keys = torch.arange(span, device=device)
             mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, layer, cache, positions, mask, shared_start)
+            x = block(x, layer, cache, positions, mask, shared_start, span)
         return self.head(self.ln_f(x))

@@ -17,30 +17,47 @@ token from p at position k+1 if all k were accepted.
 
 Numerics. Acceptance is tested as ``u * q(x) < p(x)``: no division, so q(x) = 0 cannot produce inf or NaN.
 The final token is drawn by inverse-CDF sampling on the *unnormalised* weights w = max(p - q, 0): find the
-first token whose running sum of w exceeds u * sum(w). No division happens, tokens with w = 0 can never be
-chosen, and an index past the end (possible only through rounding) is mapped to the last token with
-w > 0. When the residual has no positive mass (p = q up to rounding) the weights fall back to p itself,
+first token whose running sum of w exceeds t = min(u * sum(w), the float just below sum(w)). No division
+happens, and the chosen token always has w > 0: its running sum is above t while the one before it is
+not. When the residual has no positive mass (p = q up to rounding) the weights fall back to p itself,
 so no row ever samples from an all-zero or NaN vector (the failure behind vLLM advisory
 GHSA-8wr5-jm2h-8r4f). The acceptance test runs in float64; the residual weights are formed in float32
 (float64 for float64 inputs; half-precision inputs are upcast first) and summed in float64. The result
 depends only on the input values and the uniforms, never on the batch it was computed in.
+
+Host synchronisation. With ``check_values=False`` the sampler reads no tensor value back to the host:
+every branch is a ``torch.where``, so on a GPU a call is queued without waiting. The checks that
+``check_values=True`` runs (ids in range, NaN, negative entries, row sums, uniforms in [0, 1), drafted
+tokens the draft could have sampled) each read a value back, once per call.
 """
 
 from __future__ import annotations
 
 import array
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-__all__ = ["SUM_TOLERANCE", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample", "reference_rejection_sample"]
+__all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample", "reference_rejection_sample"]
 
 _FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-#: Largest |row sum - 1| accepted per dtype: rounding to half precision moves a sum of V values by far
-#: more than float32 rounding does.
-SUM_TOLERANCE = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+#: The slack every row sum gets: a float32 softmax, normalised, sums to 1 within far less than this.
+FLOAT32_SUM_SLACK = 1e-4
+
+
+def sum_tolerance(dtype: torch.dtype, vocab: int) -> float:
+    """Return the largest |row sum - 1| accepted for ``vocab`` probabilities stored in ``dtype``.
+
+    Derived from rounding, not picked: rounding a normalised float32 row to ``dtype`` moves each entry x
+    by at most eps/2 * x, or by half the smallest subnormal when x is that small, so the sum moves by at
+    most eps/2 + vocab * smallest_subnormal / 2; :data:`FLOAT32_SUM_SLACK` covers the float32 row itself.
+    Float16 at V = 256: 6.0e-4; bfloat16: 4.0e-3 (a bfloat16 row summing to 1.04 is refused).
+    """
+    info = torch.finfo(dtype)
+    return FLOAT32_SUM_SLACK + info.eps / 2 + vocab * info.smallest_normal * info.eps / 2
 
 
 @dataclass
@@ -69,7 +86,8 @@ def draw_randomness(batch: int, k: int, generator: torch.Generator, device=None)
     return Randomness(torch.rand((batch, k + 1), generator=generator, dtype=torch.float64, device=device))
 
 
-def _check_inputs(draft_tokens, draft_probs, target_probs, check_values: bool):
+def _check_inputs(draft_tokens, draft_probs, target_probs):
+    """Check types and shapes (no value is read back from the device); return (batch, k, vocab)."""
     for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -82,8 +100,8 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, check_values: bool):
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (batch, k), got {tuple(draft_tokens.shape)}")
     batch, k = draft_tokens.shape
-    if k < 1 or batch < 1:
-        raise ValueError(f"need batch >= 1 and k >= 1 drafted tokens, got draft_tokens of shape {(batch, k)}")
+    if k < 1:
+        raise ValueError(f"need k >= 1 drafted tokens, got draft_tokens of shape {(batch, k)}")
     if tuple(draft_probs.shape[:2]) != (batch, k):
         raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}; expected ({batch}, {k}, V)")
     if tuple(target_probs.shape[:2]) != (batch, k + 1):
@@ -94,22 +112,36 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, check_values: bool):
                          f"target_probs has V = {target_probs.shape[2]}")
     if draft_probs.device != target_probs.device or draft_tokens.device != target_probs.device:
         raise ValueError("draft_tokens, draft_probs and target_probs must be on one device")
+    return batch, k, target_probs.shape[2]
+
+
+def _check_values(draft_tokens, draft_probs, target_probs, uniforms, allow_zero_draft_prob: bool) -> None:
+    """Raise ValueError, naming the argument, on values no valid call can hold (each check syncs once)."""
     vocab = target_probs.shape[2]
     low, high = draft_tokens.aminmax()
     if low < 0 or high >= vocab:
         raise ValueError(f"draft_tokens has ids outside [0, {vocab})")
-    if check_values:
-        for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-            row_sums = tensor.sum(dim=-1, dtype=torch.float32)  # (B, positions); one pass over the tensor
-            if not torch.isfinite(row_sums).all():  # any NaN or inf entry makes its row's sum NaN or inf
-                raise ValueError(f"{name} contains NaN or inf")
-            if tensor.amin() < 0:
-                raise ValueError(f"{name} contains negative entries")
-            worst = (row_sums - 1).abs().max().item()
-            if worst > SUM_TOLERANCE[tensor.dtype]:
-                raise ValueError(f"{name} rows must sum to 1: worst |sum - 1| = {worst:.3g} "
-                                 f"> {SUM_TOLERANCE[tensor.dtype]:g} for {tensor.dtype}")
-    return batch, k, vocab
+    for name, tensor in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        row_sums = tensor.sum(dim=-1, dtype=torch.float64)  # (B, positions); one pass over the tensor
+        if not torch.isfinite(row_sums).all():  # any NaN or inf entry makes its row's sum NaN or inf
+            raise ValueError(f"{name} contains NaN or inf")
+        if tensor.amin() < 0:
+            raise ValueError(f"{name} contains negative entries")
+        worst, tolerance = (row_sums - 1).abs().max().item(), sum_tolerance(tensor.dtype, vocab)
+        if worst > tolerance:
+            raise ValueError(f"{name} rows must sum to 1: worst |sum - 1| = {worst:.3g} "
+                             f"> {tolerance:.2g} for {tensor.dtype} at V = {vocab}")
+    if not bool(((uniforms >= 0) & (uniforms < 1)).all()):  # NaN fails both comparisons
+        raise ValueError(f"randomness.uniforms must lie in [0, 1) with no NaN; got min {uniforms.min().item():g}, "
+                         f"max {uniforms.max().item():g}")
+    if not allow_zero_draft_prob:
+        q_drafted = draft_probs.gather(-1, draft_tokens.long().unsqueeze(-1)).squeeze(-1)  # (B, k)
+        zero = (q_drafted == 0).nonzero()
+        if len(zero):
+            b, i = zero[0].tolist()
+            raise ValueError(f"draft_tokens[{b}, {i}] = {int(draft_tokens[b, i])} has draft probability 0 in "
+                             "draft_probs: the draft cannot have sampled it (is the verifier given the q it sampled "
+                             "from?); pass allow_zero_draft_prob=True if that is intended")
 
 
 def rejection_sample(
@@ -120,20 +152,31 @@ def rejection_sample(
     *,
     randomness: Optional[Randomness] = None,
     check_values: bool = True,
+    allow_zero_draft_prob: bool = False,
 ) -> SamplerOutput:
     """Return accepted counts and emitted tokens for a batch of drafted blocks (see the module docstring).
 
-    Pass either ``generator`` or pre-drawn ``randomness``. ``check_values=False`` skips the O(B k V) scan
-    for NaN, negative entries and row sums (shapes, dtypes and token ids are always checked); the sampler
-    still never emits NaN or an out-of-range id, but garbage in then gives garbage out.
+    Pass either ``generator`` or pre-drawn ``randomness``. ``check_values`` (the default) refuses, with a
+    ``ValueError`` naming the argument: ids outside the vocabulary; NaN, inf or negative probabilities;
+    rows whose sum is off by more than :func:`sum_tolerance` allows for their dtype; uniforms outside
+    [0, 1) or NaN; and a drafted token whose q(x) is 0, which the draft cannot have sampled (the symptom
+    of a verifier handed the wrong q) unless ``allow_zero_draft_prob=True``. ``check_values=False``
+    skips them all (shapes and dtypes are still checked) and reads nothing back from the device: for
+    callers that made the inputs themselves. The sampler still never emits NaN or an out-of-range id,
+    but garbage in then gives garbage out. An empty batch returns an empty result.
     """
-    batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs, check_values)
+    batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs)
     if randomness is None:
         if generator is None:
             raise ValueError("pass a torch.Generator (the library never uses the global RNG) or randomness")
         randomness = draw_randomness(batch, k, generator, device=target_probs.device)
     if tuple(randomness.uniforms.shape) != (batch, k + 1):
         raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), got {tuple(randomness.uniforms.shape)}")
+    if batch == 0:
+        empty = torch.empty(0, dtype=torch.long, device=target_probs.device)
+        return SamplerOutput(tokens=empty.reshape(0, k + 1), num_accepted=empty, num_emitted=empty.clone())
+    if check_values:
+        _check_values(draft_tokens, draft_probs, target_probs, randomness.uniforms, allow_zero_draft_prob)
     tokens = draft_tokens.long()
     index = tokens.unsqueeze(-1)  # (B, k, 1)
     q_drafted = draft_probs.gather(-1, index).squeeze(-1).double()  # (B, k)
@@ -147,12 +190,9 @@ def rejection_sample(
     target_flat, p_index = target_probs.reshape(batch * (k + 1), vocab), rows * (k + 1) + num_accepted
     p_final = target_flat.index_select(0, p_index)  # (B, V)
     q_index = rows * k + num_accepted.clamp(max=k - 1)
-    q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V); rows with n = k zeroed below
-    all_accepted = (num_accepted == k).nonzero().squeeze(1)
-    if all_accepted.numel():
-        q_final[all_accepted] = 0
-    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k], finite=check_values,
-                         regather=lambda: target_flat.index_select(0, p_index))
+    q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V)
+    q_final = q_final * (num_accepted < k).unsqueeze(1)  # rows with n = k: q = 0, so the weights are p
+    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k])
 
     positions = torch.arange(k + 1, device=tokens.device).unsqueeze(0)  # (1, k+1)
     padded = torch.cat([tokens, torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device)], dim=1)
@@ -161,32 +201,34 @@ def rejection_sample(
     return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
 
 
-def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor, finite: bool,
-                 regather: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Return one token per row of weights max(p - q, 0) (falling back to p), by inverse-CDF sampling.
 
-    ``p_final`` and ``q_final`` are fresh (B, V) copies and are overwritten. The weights are computed in
-    float32 (float64 for float64 inputs) and summed in float64. ``finite`` says the inputs were checked
-    to hold no NaN, which saves one pass; ``regather`` returns p_final again for the rare fallback. At
-    B x V this function is bound by memory traffic.
+    The weights are computed in float32 (float64 for float64 inputs) and summed in float64. Every branch
+    is a ``torch.where``, so nothing is read back to the host. At B x V this is bound by memory traffic.
     """
     compute = torch.float64 if p_final.dtype == torch.float64 else torch.float32
-    weights = p_final.to(compute).sub_(q_final.to(compute)).clamp_(min=0.0)  # (B, V) unnormalised residual
-    if not finite:
-        weights.nan_to_num_(nan=0.0)
+    p_weights = p_final.to(compute).nan_to_num(nan=0.0).clamp_(min=0.0)  # (B, V)
+    weights = (p_weights - q_final.to(compute).nan_to_num(nan=0.0)).clamp_(min=0.0)  # unnormalised residual
+    empty = ~(weights.sum(dim=-1, dtype=torch.float64) > 0)  # p = q up to rounding: sample from p instead
+    weights = torch.where(empty.unsqueeze(1), p_weights, weights)
+    return categorical(weights, uniform)
+
+
+def categorical(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Return one token per row of non-negative ``weights`` (B, V), by inverse-CDF sampling with ``uniform`` (B,).
+
+    The token is the first whose running sum (float64) exceeds t = min(u * total, the float just below
+    the total), so it always has a positive weight; no division, and nothing is read back to the host.
+    A row with no positive weight (possible only for unchecked garbage) gets the last id, never one past it.
+    """
     cumulative = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # (B, V)
-    empty = ~(cumulative[:, -1] > 0)  # p = q up to rounding (or garbage input): sample from p instead
-    if empty.any():
-        fallback = regather()[empty].to(compute)
-        weights[empty] = fallback.nan_to_num(nan=0.0).clamp(min=0.0)
-        cumulative[empty] = torch.cumsum(weights[empty], dim=-1, dtype=torch.float64)
-    threshold = uniform.unsqueeze(1) * cumulative[:, -1:]  # (B, 1), below the total since u < 1
+    total = cumulative[:, -1:]
+    # u * total can round up to total when u is just below 1; the float just below total still selects
+    # a token with w > 0 (the first whose running sum reaches the total)
+    threshold = torch.minimum(uniform.unsqueeze(1).double() * total, torch.nextafter(total, torch.zeros_like(total)))
     token = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)  # first running sum > threshold
-    overflow = token >= cumulative.shape[-1]  # u * total rounded up to the total: take the last w > 0
-    if overflow.any():
-        last_positive = cumulative.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1)
-        token = torch.where(overflow, last_positive, token)
-    return token
+    return token.clamp_(max=cumulative.shape[-1] - 1)
 
 
 def reference_rejection_sample(
@@ -224,10 +266,7 @@ def reference_rejection_sample(
         if not sum(weights) > 0:
             weights = [max(p, 0.0) for p in p_row]
         running = list(itertools.accumulate(weights))
-        threshold = uniforms[b][k] * running[-1]
-        choice = next((t for t, c in enumerate(running) if c > threshold), None)
-        if choice is None:
-            choice = max(t for t, w in enumerate(weights) if w > 0)
-        tokens[b, n] = choice
+        threshold = min(uniforms[b][k] * running[-1], math.nextafter(running[-1], 0.0))
+        tokens[b, n] = next(t for t, c in enumerate(running) if c > threshold)
         num_accepted[b] = n
     return SamplerOutput(tokens=tokens, num_accepted=num_accepted, num_emitted=num_accepted + 1)

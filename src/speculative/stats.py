@@ -29,6 +29,7 @@ __all__ = [
     "counts_of",
     "pooled",
     "two_sample_test",
+    "measured_acceptance_rate",
 ]
 
 #: Reject "the output has distribution p" when the p-value falls below this.
@@ -236,3 +237,20 @@ def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expect
     statistic = float(((a - expected_a) ** 2 / expected_a).sum() + ((b - expected_b) ** 2 / expected_b).sum())
     dof = cells - 1
     return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), int(n_a + n_b), cells, 0)
+
+
+def measured_acceptance_rate(accepted: Sequence, gamma: int) -> float:
+    """Return alpha as measured in decoding: accepted drafts / drafts that were tested.
+
+    ``accepted`` holds per-block accepted counts (arrays or tensors of any shape; -1 marks a row that was
+    not decoding). A block tests its drafts in order and stops at the first rejection, so it tests a + 1
+    drafts when it accepts a < gamma of them and gamma when it accepts all; the drafts after a rejection
+    were never tested and do not count. This is the maximum-likelihood estimate of a per-draft acceptance
+    probability (the i.i.d. model of notebooks/07_cost_model). NaN when nothing was tested.
+    """
+    if not len(accepted):
+        return float("nan")
+    counts = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for a in accepted])
+    counts = counts[counts >= 0]
+    tested = counts + (counts < gamma)
+    return float(counts.sum()) / float(tested.sum()) if tested.sum() else float("nan")

@@ -1,4 +1,4 @@
-"""Training the target and the draft on the stdlib corpus, within a time budget.
+"""Training the target and the draft on the stdlib corpus, within a time budget, and the pair recipe.
 
 Explained in: notebooks/08_decoding_demo (how the shipped pair was made).
 
@@ -10,18 +10,23 @@ the KL divergence to the target's next-byte distribution, which raises the accep
 
 from __future__ import annotations
 
+import json
 import math
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from . import defaults
 from .model import GPT, GPTConfig
+from .pair import Pair, check_destination, load_pair, save_pair
 
-__all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor"]
+__all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor", "train_pair", "get_pair", "make_prompts"]
 
 
 @dataclass(frozen=True)
@@ -163,3 +168,96 @@ def train_model(
         "history": history,
     }
     return model, log
+
+
+def make_prompts(text: bytes, count: int = 64, length: int = 96, seed: int = 0) -> list[bytes]:
+    """Return ``count`` prompts of ``length`` bytes that start at line starts of ``text``, chosen by ``seed``."""
+    line_starts = [i + 1 for i, byte in enumerate(text[:-length - 1]) if byte == 10 and text[i + 1] not in b"\n"]
+    if len(line_starts) < count:
+        raise ValueError(f"text has only {len(line_starts)} usable line starts, {count} prompts asked for")
+    rng = random.Random(seed)
+    return [text[start:start + length] for start in sorted(rng.sample(line_starts, count))]
+
+
+def train_pair(
+    folder: Path,
+    target_config: GPTConfig = GPTConfig(**defaults.TARGET_SHAPE),
+    draft_config: GPTConfig = GPTConfig(**defaults.DRAFT_SHAPE),
+    target_seconds: float = defaults.TARGET_SECONDS,
+    draft_seconds: float = defaults.DRAFT_SECONDS,
+    distill_weight: float = defaults.DISTILL_WEIGHT,
+    device: str = "cpu",
+    seed: int = defaults.TRAIN_SEED,
+    progress: bool = True,
+    reuse_target: Optional[Path] = None,
+    draft_init: Optional[Path] = None,
+    overwrite: bool = False,
+) -> str:
+    """Train a target, then a draft (distilled from it when distill_weight > 0), save; return the sha256.
+
+    With ``reuse_target`` (a pair folder), the target and its training log are taken from that pair and
+    only the draft is trained. With ``draft_init`` (a pair folder), the draft starts from that pair's draft
+    weights (same config required) and its earlier training log is kept under ``draft.initial``. A
+    non-empty ``folder`` is refused before any training unless ``overwrite``.
+    """
+    from .corpus import load_corpus
+
+    check_destination(folder, overwrite)
+
+    corpus = load_corpus()
+
+    def earlier(folder, role: str):
+        """Return (that pair's model in ``role``, its training log) after checking it saw this corpus."""
+        previous = load_pair(folder, device=device)
+        if previous.info.get("corpus", {}).get("sha256") != corpus.sha256:
+            raise ValueError(f"the {role} in {folder} was trained on a different corpus (sha256 differs)")
+        log = json.loads((Path(folder) / "train_log.json").read_text())[role]
+        return getattr(previous, role), dict(log, pair_sha256=previous.sha256)
+
+    if reuse_target is not None:
+        target, target_log = earlier(reuse_target, "target")
+    else:
+        target, target_log = train_model(target_config, corpus.train, corpus.validation,
+                                         TrainConfig(seconds=target_seconds, device=device, seed=seed),
+                                         progress=progress, label="target")
+    initial_draft, initial_log = earlier(draft_init, "draft") if draft_init is not None else (None, None)
+    draft, draft_log = train_model(
+        draft_config, corpus.train, corpus.validation,
+        TrainConfig(seconds=draft_seconds, device=device, seed=seed + 1, distill_weight=distill_weight),
+        teacher=target if distill_weight else None, progress=progress, label="draft", init=initial_draft)
+    if initial_log is not None:
+        draft_log["initial"] = initial_log
+    environment = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    corpus_info = {"description": corpus.describe(), "sha256": corpus.sha256, "python": corpus.python,
+                   "train_bytes": len(corpus.train), "validation_bytes": len(corpus.validation),
+                   "train_files": corpus.train_files, "validation_files": corpus.validation_files}
+    info = {
+        "target_validation_bpb": target_log["final_validation_bpb"],
+        "draft_validation_bpb": draft_log["final_validation_bpb"],
+        "target_parameters": target.num_parameters(),
+        "draft_parameters": draft.num_parameters(),
+        "distill_weight": distill_weight,
+        "corpus": corpus_info,
+        "trained_on": environment,
+    }
+    log = {"corpus": corpus_info, "environment": environment, "target": target_log, "draft": draft_log}
+    return save_pair(folder, target, draft, info, log, make_prompts(corpus.validation), overwrite=overwrite)
+
+
+def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: float = 60.0, device="cpu",
+             dtype=torch.float32) -> Pair:
+    """Return the shipped pair (checksums verified), or with ``train_small=True`` a small pair trained now.
+
+    The small pair (a 2-layer target and a 1-layer draft, ``seconds`` of training in all) is written to
+    ``folder`` (default: a fresh temporary folder) and loaded from there through the same checks. It
+    exists for machines without the shipped files; its numbers are not the book's.
+    """
+    if not train_small:
+        return load_pair(folder, device=device, dtype=dtype)
+    import tempfile
+
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="speculative-pair-"))
+    train_pair(folder, GPTConfig(n_layer=2, n_head=2, d_model=64), GPTConfig(n_layer=1, n_head=2, d_model=32),
+               target_seconds=seconds * 0.7, draft_seconds=seconds * 0.3, distill_weight=0.5, device=device,
+               progress=False)
+    return load_pair(folder, device=device, dtype=dtype)

@@ -31,7 +31,7 @@ import torch
 
 from .rule import validate_distribution
 
-__all__ = ["SamplingConfig", "logits_to_probs", "exact_transform"]
+__all__ = ["SamplingConfig", "logits_to_probs", "logits_problem", "exact_transform"]
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,22 @@ class SamplingConfig:
         return ", ".join(parts)
 
 
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfig()) -> torch.Tensor:
+def logits_problem(logits: torch.Tensor) -> torch.Tensor:
+    """Return a 0-d bool tensor, True when some row of ``logits`` holds NaN or +inf or is entirely -inf.
+
+    It stays on the device: a decoding loop ORs it over every call and reads it once per block.
+    """
+    return ~torch.isfinite(logits.amax(dim=-1)).all()
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfig(), *,
+                    check: bool = True) -> torch.Tensor:
     """Return the distribution sampled from, ``(..., V)`` float32, for logits ``(..., V)`` of any float dtype.
 
     Half-precision logits are upcast to float32 before any arithmetic, so float16 and bfloat16 inputs get
     the same rules as float32 ones. Rows are exactly normalised up to float32 rounding; masked tokens are
-    exactly 0.
+    exactly 0. ``check=False`` skips the NaN / inf check, which reads a value back to the host; a caller
+    that does so checks :func:`logits_problem` itself.
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating-point tensor, got {type(logits).__name__}")
@@ -79,7 +89,7 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfi
         raise ValueError(f"logits must have a vocabulary dimension of size >= 1, got shape {tuple(logits.shape)}")
     # one pass and one check: a row's maximum is NaN if the row holds a NaN, +inf if it holds +inf, and
     # -inf if every entry is -inf; the message is worked out only when something is wrong
-    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
+    if check and bool(logits_problem(logits)):
         if not bool((logits < float("inf")).all()):  # NaN and +inf both fail the comparison
             raise ValueError("logits contain NaN or +inf (mask tokens with -inf instead)")
         raise ValueError("a row of logits is entirely -inf: no token can be sampled")

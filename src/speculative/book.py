@@ -1,0 +1,102 @@
+"""What every chapter shares: glue for the prose, the device picker, the demo scale, and the recorded runs.
+
+Explained in: book/intro (how the book is built). Every number in the prose is glued from a cell with
+MyST-NB's ``glue``; outside a book build (in Colab, say) ``myst_nb`` may be missing, and :func:`glue`
+then does nothing, so the chapter still runs. Chapters import these instead of keeping copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from fractions import Fraction
+from numbers import Rational
+from pathlib import Path
+
+from . import defaults
+
+__all__ = ["Shown", "as_text", "glue", "pick_device", "demo_settings", "results_dir", "load_record",
+           "load_records"]
+
+
+class Shown:
+    """A value whose plain-text form is ``text``: ``{glue:text}`` prints it as is, without quotes."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Shown) and other.text == self.text
+
+
+def as_text(value) -> str:
+    """Return ``value`` as a reader would write it: 3/10 for a Fraction, (1/5, 3/10) for a sequence of them."""
+    if isinstance(value, Rational) and not isinstance(value, bool):
+        value = Fraction(value)
+        return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(as_text(v) for v in value) + ")"
+    return str(value)
+
+
+def glue(name: str, value, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the prose (MyST-NB); return nothing, so a cell shows no echo.
+
+    Fractions and sequences of them are stored as :class:`Shown` text such as ``3/10``; other values are
+    stored as they are, so ``{glue:text}`name:.3f``` can format numbers.
+    """
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy or torch scalar -> Python number
+        value = value.item()
+    shown = value
+    if isinstance(value, (list, tuple)) or (isinstance(value, Rational) and not isinstance(value, (bool, int))):
+        shown = Shown(as_text(value))
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:  # not building the book: nothing to store
+        return
+    myst_glue(name, shown, display=display)
+
+
+def pick_device() -> str:
+    """Return ``"cuda"`` when torch sees a GPU, else ``"cpu"``: the device every chapter runs on."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def demo_settings(device: str) -> dict:
+    """Return the sizes a chapter should run at: small on CPU, full on a GPU or with SPECULATIVE_SCALE=full.
+
+    This is the one place that reads ``SPECULATIVE_SCALE``; the sizes are ``defaults.DEMO_SMALL`` and
+    ``defaults.DEMO_FULL``.
+    """
+    full = os.environ.get("SPECULATIVE_SCALE", "").lower() == "full" or str(device).startswith("cuda")
+    return {"scale": "full", **defaults.DEMO_FULL} if full else {"scale": "small", **defaults.DEMO_SMALL}
+
+
+def results_dir() -> Path:
+    """Return the repository's ``results/`` folder, from a chapter (``notebooks/``) or from the root.
+
+    Raise FileNotFoundError, saying where it looked, when neither holds it (a Colab copy run alone).
+    """
+    candidates = [Path.cwd() / "results", Path.cwd().parent / "results",
+                  Path(__file__).resolve().parents[2] / "results"]
+    for folder in candidates:
+        if folder.is_dir():
+            return folder
+    raise FileNotFoundError("no results/ folder in " + ", ".join(str(c) for c in candidates) +
+                            ": the recorded runs live in the repository (clone it, or run the benchmark)")
+
+
+def load_record(name: str) -> dict:
+    """Return the recorded run ``results/<name>`` (JSON) with its file name under ``"file"``."""
+    path = results_dir() / name
+    return json.loads(path.read_text()) | {"file": path.name}
+
+
+def load_records() -> list[dict]:
+    """Return every recorded run in ``results/``, sorted by file name."""
+    return [load_record(path.name) for path in sorted(results_dir().glob("*.json"))]

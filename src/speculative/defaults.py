@@ -1,0 +1,34 @@
+"""Every default in one place: the shipped pair's shapes and budgets, and the benchmarks' settings.
+
+The CLI, the library functions and :class:`speculative.model.GPTConfig` read these names; nothing else
+types them. Changing a value here changes it everywhere (``--help`` included).
+"""
+
+from __future__ import annotations
+
+#: The shipped target: 6 blocks of width 384 with 6 heads, over bytes, 256 positions.
+TARGET_SHAPE = {"n_layer": 6, "d_model": 384, "n_head": 6}
+#: The shipped draft: 2 blocks of width 128 with 2 heads.
+DRAFT_SHAPE = {"n_layer": 2, "d_model": 128, "n_head": 2}
+CONTEXT = 256  # positions the models and their caches hold
+VOCAB_SIZE = 256  # bytes
+
+#: Training budgets (wall-clock seconds) and the draft's distillation weight, as the shipped pair used.
+TARGET_SECONDS = 4200.0
+DRAFT_SECONDS = 720.0
+DISTILL_WEIGHT = 0.8
+TRAIN_SEED = 0
+
+#: ``bench decode``: draft lengths, temperatures, batch sizes, tokens per row, timed repeats, seed.
+BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16),
+                "max_new_tokens": 128, "repeats": 5, "seed": 0}
+#: ``bench sampler``: batch sizes, vocabularies, drafted tokens per row, timed repeats, seed.
+BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 5, "seed": 0}
+
+#: What a chapter runs live: small on a CPU; the benchmark's own settings at full scale (a GPU, or
+#: SPECULATIVE_SCALE=full), with fewer repeats since a chapter shows a run, not a record.
+DEMO_SMALL = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "max_new_tokens": 64,
+              "repeats": 1, "distribution_rows": 6_000, "task_rows": 96}
+DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_DECODE["temperatures"]),
+             "batches": list(BENCH_DECODE["batches"]), "max_new_tokens": BENCH_DECODE["max_new_tokens"],
+             "repeats": 3, "distribution_rows": 24_000, "task_rows": 256}
