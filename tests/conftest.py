@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from speculative.model import GPT, GPTConfig
-from speculative.pair import make_prompts, save_pair
+from speculative.pair import save_pair
+from speculative.train import make_prompts
 
 TINY = GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)
 

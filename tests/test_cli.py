@@ -5,6 +5,7 @@ import json
 import pytest
 
 from speculative.__main__ import main
+from speculative.bench import DECODE_LEGEND, SAMPLER_LEGEND
 from speculative.pair import load_pair
 
 
@@ -25,7 +26,7 @@ def test_bench_sampler_records_what_it_ran_on(tmp_path, capsys):
     assert [(r["batch"], r["vocab"]) for r in record["results"]] == [(2, 16), (2, 32)]
     for row in record["results"]:
         assert row["speedup"] == pytest.approx(row["batched_positions_per_s"] / row["reference_positions_per_s"])
-    assert "ratio" in capsys.readouterr().out
+    assert SAMPLER_LEGEND in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -70,7 +71,7 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
         # a block's rows wait for the slowest, so per call a row gets no more than per active block
         # (at batch 1 the last block may emit past the length cut, which only the active mean counts)
         assert row["tokens_per_target_forward"] <= row["tokens_per_active_block"] + 1e-9
-    assert "speedup" in capsys.readouterr().out
+    assert DECODE_LEGEND in capsys.readouterr().out
 
 
 def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir, capsys):
@@ -94,3 +95,75 @@ def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir, 
                  "--draft-init", str(tiny_pair_dir), *shapes])
     assert code == 2 and "different corpus" in capsys.readouterr().err
     assert not (tmp_path / "fourth").exists()  # nothing half written
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "decode", "--pair", "/nonexistent"], "no model pair at /nonexistent"),
+        (["bench", "decode", "--gamma", "1000", "--batch", "1"], "exceeds the model's context"),
+        (["bench", "decode", "--max-new-tokens", "5000", "--batch", "1"], "exceeds the model's context"),
+        (["bench", "decode", "--batch", "1000"], "needs more prompts"),
+    ],
+)
+def test_bad_decode_settings_fail_at_once_with_one_line(argv, message, capsys, tmp_path):
+    out = tmp_path / "record.json"
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()  # no record written
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "decode", "--max-new-tokens", "0"], "expected an integer >= 1, got '0'"),
+        (["bench", "decode", "--top-p", "1.5"], "expected a number in (0, 1]"),
+        (["train", "--out", "x", "--target-width", "100", "--target-heads", "3"], None),
+        (["train", "--out", "x", "--distill", "1"], "expected a number in [0, 1)"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert (message or "d_model (100) must be divisible by n_head (3)") in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_train_refuses_an_existing_folder_without_force(tmp_path, capsys):
+    (tmp_path / "pair").mkdir()
+    (tmp_path / "pair" / "notes.txt").write_text("mine")
+    assert main(["train", "--out", str(tmp_path / "pair"), "--target-seconds", "1", "--draft-seconds", "1"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (tmp_path / "pair" / "notes.txt").read_text() == "mine"
+
+
+def test_version_and_defaults_in_every_help(capsys):
+    from speculative import __version__
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert __version__ in capsys.readouterr().out
+    for argv in (["bench", "decode"], ["bench", "sampler"], ["train"]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "(default: " in text
+    from speculative import defaults
+
+    assert f"(default: {defaults.TARGET_SECONDS})" in " ".join(text.split())  # the train help reads defaults
+
+
+def test_the_installed_command_fails_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "speculative", "bench", "decode", "--pair", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "SHA256SUMS is missing" in done.stderr

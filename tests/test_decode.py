@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-from speculative import decode, stats
-from speculative.decode import exact_two_byte_law, plain_decode, speculative_decode
+from speculative import decode, evaluate, stats
+from speculative.decode import plain_decode, speculative_decode
+from speculative.evaluate import exact_two_byte_law
 from speculative.model import GPT, GPTConfig
 from speculative.pair import load_pair
 from speculative.transforms import SamplingConfig
@@ -25,7 +26,6 @@ CHUNK = 1_500  # rows decoded per call, to bound the KV cache memory
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     return load_pair()
 
 
@@ -148,17 +148,17 @@ def test_mismatched_vocabularies():
 def test_completion_bits_per_byte_matches_a_direct_computation():
     model = _tiny()
     prompt, completion = list(b"abc"), list(b"de")
-    bits = decode.completion_bits_per_byte(model, [bytes(prompt)], [completion])
+    bits = evaluate.completion_bits_per_byte(model, [bytes(prompt)], [completion])
     with torch.no_grad():
         logprobs = torch.log_softmax(model(torch.tensor([prompt + completion])).double(), -1)[0]
     expected = -(logprobs[2, completion[0]] + logprobs[3, completion[1]]) / 2 / torch.log(torch.tensor(2.0)).double()
     assert torch.isclose(bits[0], expected)
     with pytest.raises(ValueError, match="completions"):
-        decode.completion_bits_per_byte(model, [b"a", b"b"], [[1]])
+        evaluate.completion_bits_per_byte(model, [b"a", b"b"], [[1]])
 
 
 def test_demo_scale_is_read_in_one_place(monkeypatch):
-    from speculative.bench import demo_settings
+    from speculative.book import demo_settings
 
     monkeypatch.delenv("SPECULATIVE_SCALE", raising=False)
     assert demo_settings("cpu")["scale"] == "small"
@@ -167,10 +167,10 @@ def test_demo_scale_is_read_in_one_place(monkeypatch):
     assert demo_settings("cpu")["scale"] == "full"
 
 
-def test_acceptance_rate_counts_only_tested_drafts():
+def test_measured_acceptance_rate_counts_only_tested_drafts():
     # gamma = 4: a block accepting 2 tested 3 drafts; one accepting all 4 tested 4; -1 is an inactive row
     blocks = [torch.tensor([2, 4]), torch.tensor([0, -1])]
-    assert decode.acceptance_rate(blocks, 4) == pytest.approx((2 + 4 + 0) / (3 + 4 + 1))
+    assert stats.measured_acceptance_rate(blocks, 4) == pytest.approx((2 + 4 + 0) / (3 + 4 + 1))
     # i.i.d. acceptances with probability 0.7: the estimate recovers 0.7 whatever gamma is. The seed is
     # fixed, so the run is deterministic; with another seed the estimate's standard error is at most
     # sqrt(0.21 / 20000) = 0.0032 (gamma = 1), so the 0.01 tolerance is 3.1 standard errors: a false alarm
@@ -179,4 +179,4 @@ def test_acceptance_rate_counts_only_tested_drafts():
     for gamma in (1, 4, 8):
         coins = torch.rand(20_000, gamma, generator=generator) < 0.7
         counts = coins.long().cumprod(1).sum(1)
-        assert decode.acceptance_rate([counts], gamma) == pytest.approx(0.7, abs=0.01)
+        assert stats.measured_acceptance_rate([counts], gamma) == pytest.approx(0.7, abs=0.01)

@@ -8,7 +8,8 @@ import torch
 
 from speculative import corpus
 from speculative.model import GPT, GPTConfig
-from speculative.pair import PAIR_DIR, PAIR_FILES, get_pair, load_pair, sha256_file
+from speculative.pair import PAIR_DIR, PAIR_FILES, load_pair, sha256_file
+from speculative.train import get_pair
 from speculative.train import TrainConfig, bits_per_byte, byte_tensor, train_model
 
 from conftest import TINY, save_tiny_pair

@@ -40,7 +40,7 @@ def test_exact_correct_is_the_rule():
     ],
 )
 def test_seed_pair_figures_from_the_design(key, expected):
-    # figures worked by hand in DESIGN.md for p = (1/2, 3/10, 1/5), q = (1/5, 1/2, 3/10)
+    # figures worked out by hand, apart from the code, for p = (1/2, 3/10, 1/5), q = (1/5, 1/2, 3/10)
     assert pitfalls.find(key).exact_law(SEED_P, SEED_Q) == expected
 
 

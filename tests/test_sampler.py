@@ -4,15 +4,19 @@ Statistical tests reject at p < FALSE_ALARM_RATE (1e-6); under a correct sampler
 probability 1e-6 per run, and all seeds are fixed, so the suite is deterministic.
 """
 
+import math
+
 import pytest
 import torch
 
 from speculative import stats
 from speculative.sampler import (
     Randomness,
+    categorical,
     draw_randomness,
     reference_rejection_sample,
     rejection_sample,
+    sum_tolerance,
 )
 from speculative.transforms import SamplingConfig, logits_to_probs
 
@@ -35,14 +39,20 @@ def test_each_emitted_position_follows_the_target(vocab, k, seed):
     target = _random_probs((1, k + 1, vocab), gen).expand(n, k + 1, vocab)
     draft = _random_probs((1, k, vocab), gen).expand(n, k, vocab)
     out = rejection_sample(_drafts(draft, gen), draft, target, gen)
+    tested = []
     for j in range(k + 1):
         reached = out.num_emitted > j
-        if reached.sum() < 200:
+        if reached.sum() < 200:  # too few rows to test this position
             continue
         counts = stats.counts_of(out.tokens[reached, j], vocab)
         result = stats.goodness_of_fit(counts, target[0, j].tolist())
         assert not result.rejects(), (j, result)
-    assert out.num_emitted.max() == k + 1 or k > 2  # the bonus position is reached when k is small
+        tested.append(j)
+    # the loop must have tested something beyond the first position; for k <= 2 the bonus position
+    # (reached only when every draft is accepted) is reached often enough to be tested too
+    assert tested[:2] == [0, 1], tested
+    if k <= 2:
+        assert k in tested, tested
 
 
 def _toy_tables(vocab, gen):
@@ -200,3 +210,64 @@ def test_a_generator_or_randomness_is_required():
         rejection_sample(*_valid())
     with pytest.raises(ValueError, match="uniforms must have shape"):
         rejection_sample(*_valid(), randomness=Randomness(torch.rand(2, 2, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("bad", [-0.5, 1.5, float("nan"), 1.0])
+def test_uniforms_outside_zero_one_are_refused(bad):
+    drafts, draft, target = _valid()
+    uniforms = torch.full((2, 3), 0.5, dtype=torch.float64)
+    uniforms[1, 0] = bad
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
+        rejection_sample(drafts, draft, target, randomness=Randomness(uniforms))
+
+
+def test_a_drafted_token_the_draft_could_not_sample_is_refused():
+    drafts, draft, target = _valid()
+    draft = draft.clone()
+    draft[1, 0, drafts[1, 0]] = 0.0  # q(x) = 0 for a drafted x: the verifier was handed another q
+    draft[1, 0] /= draft[1, 0].sum()
+    with pytest.raises(ValueError, match=r"draft_tokens\[1, 0\] .* draft probability 0"):
+        rejection_sample(drafts, draft, target, torch.Generator().manual_seed(0))
+    out = rejection_sample(drafts, draft, target, torch.Generator().manual_seed(0), allow_zero_draft_prob=True)
+    assert out.num_emitted.min() >= 1
+
+
+@pytest.mark.parametrize("dtype, vocab", [(torch.float16, 256), (torch.bfloat16, 256), (torch.float16, 150_000),
+                                          (torch.bfloat16, 150_000)])
+def test_rounded_softmax_rows_pass_and_the_tolerance_is_derived(dtype, vocab):
+    # a normalised float32 softmax rounded to half precision: the tolerance must admit it
+    gen = torch.Generator().manual_seed(13)
+    target = torch.softmax(torch.randn(2, 2, vocab, generator=gen) * 4, -1).to(dtype)
+    draft = torch.softmax(torch.randn(2, 1, vocab, generator=gen) * 4, -1).to(dtype)
+    drafts = torch.multinomial(draft[:, 0].float(), 1, generator=gen)
+    worst = max((t.double().sum(-1) - 1).abs().max().item() for t in (target, draft))
+    assert worst <= sum_tolerance(dtype, vocab)
+    rejection_sample(drafts, draft, target, gen)
+
+
+def test_a_bfloat16_row_summing_to_1_04_is_refused():
+    drafts, draft, target = _valid(vocab=50)
+    target = (target * 1.04).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="target_probs rows must sum to 1"):
+        rejection_sample(drafts, draft.to(torch.bfloat16), target, torch.Generator().manual_seed(0))
+
+
+def test_an_empty_batch_returns_an_empty_result():
+    out = rejection_sample(torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 3, 7), torch.zeros(0, 4, 7),
+                           torch.Generator().manual_seed(0))
+    assert out.tokens.shape == (0, 4) and out.num_accepted.shape == (0,) and out.rows() == []
+
+
+def test_uniforms_at_the_edges_never_pick_a_token_of_zero_weight():
+    # weights with trailing zeros and tiny entries: u = 0 and u just below 1 must land on w > 0
+    weights = torch.tensor([[0.0, 1e-30, 0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 1e-300, 0.0, 0.0]], dtype=torch.float64)
+    for u in (0.0, math.nextafter(1.0, 0.0)):
+        token = categorical(weights, torch.full((2,), u, dtype=torch.float64))
+        assert (weights.gather(1, token.unsqueeze(1)) > 0).all(), (u, token)
+    # and through the sampler: p <= q everywhere but rounding, a rejection forced (u = 1 - ulp): no NaN, no p = 0
+    q = torch.tensor([[[0.5, 0.5, 0.0]]], dtype=torch.float32)
+    p = torch.tensor([[[0.5, 0.5 - 2 ** -24, 2 ** -24], [0.0, 0.0, 1.0]]], dtype=torch.float32)
+    for u in (0.0, math.nextafter(1.0, 0.0)):
+        uniforms = torch.tensor([[math.nextafter(1.0, 0.0), u]], dtype=torch.float64)
+        out = rejection_sample(torch.tensor([[1]]), q, p, randomness=Randomness(uniforms))
+        assert out.num_accepted.item() == 0 and out.tokens[0, 0].item() == 2  # the only token with p > q

@@ -1,0 +1,59 @@
+"""book.py: how computed values reach the prose, and what every chapter shares."""
+
+import sys
+import types
+from fractions import Fraction as F
+
+import pytest
+
+from speculative import book
+from speculative.book import Shown, as_text, glue
+
+
+def test_as_text_writes_fractions_as_a_reader_would():
+    assert as_text(F(3, 10)) == "3/10"
+    assert as_text(F(4, 4)) == "1"
+    assert as_text([F(1, 5), F(0), F(1, 2)]) == "(1/5, 0, 1/2)"
+    assert as_text(0.25) == "0.25"
+
+
+def test_shown_prints_without_quotes():
+    assert repr(Shown("3/10")) == "3/10"
+    assert Shown("a") == Shown("a") and Shown("a") != Shown("b")
+
+
+def test_glue_hands_myst_nb_text_for_fractions_and_numbers_for_scalars(monkeypatch):
+    stored = {}
+    fake = types.ModuleType("myst_nb")
+    fake.glue = lambda name, value, display=False: stored.__setitem__(name, (value, display))
+    monkeypatch.setitem(sys.modules, "myst_nb", fake)
+    import numpy as np
+
+    assert glue("half", F(1, 2)) is None
+    glue("pair", [F(1, 5), F(3, 10)])
+    glue("scalar", np.float64(0.25))
+    assert stored["half"] == (Shown("1/2"), False)
+    assert stored["pair"] == (Shown("(1/5, 3/10)"), False)
+    assert stored["scalar"] == (0.25, False) and type(stored["scalar"][0]) is float
+
+
+def test_glue_without_myst_nb_does_nothing_and_does_not_fail(monkeypatch):
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # importing it now raises ImportError
+    with pytest.raises(ImportError):
+        import myst_nb  # noqa: F401
+    assert glue("x", F(1, 2)) is None
+
+
+def test_results_are_found_from_a_chapter_or_the_root(monkeypatch, tmp_path):
+    root = book.results_dir()
+    assert (root / "decode_cpu.json").is_file()
+    monkeypatch.chdir(root.parent / "notebooks")
+    assert book.results_dir() == root
+    assert book.load_record("decode_cpu.json")["benchmark"] == "decode"
+    assert {r["file"] for r in book.load_records()} >= {"decode_cpu.json", "sampler_cpu.json"}
+
+
+def test_pick_device_is_cpu_here():
+    import torch
+
+    assert book.pick_device() == ("cuda" if torch.cuda.is_available() else "cpu")
