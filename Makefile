@@ -1,34 +1,59 @@
-# Two commands: `make book` builds the site, `make test` builds it and runs every test.
+# `make book` builds the site, `make test` builds it (only if something changed) and runs ruff and pytest.
 # Both create .venv when it is missing and install requirements.txt under the exact pins of constraints.txt.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 JB     := $(VENV)/bin/jupyter-book
+# the pins need Python >= 3.11.5 (numpy 2.4 needs 3.11; soupsieve 4.1 needs 3.11.5)
+MIN_PYTHON := 3.11.5
+INSTALLED  := $(VENV)/.installed
+BUILT      := _build/html/.built
+# everything the book is made from: a change to any of these rebuilds it; nothing else does
+BOOK_INPUTS := _config.yml _toc.yml $(wildcard notebooks/*.md book/*) \
+               $(shell find src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: book test install sync clean help
+.PHONY: book test lint install sync clean help python-version
 
 help:
-	@echo "make book   install, then build the HTML site from a clean _build (every chapter executed, warnings = errors)"
-	@echo "make test   make book, then pytest (library, chapter pairs, the built site)"
+	@echo "make book   install, then build the HTML site (every chapter executed, warnings = errors) when any"
+	@echo "            chapter, book page, config, library file or record changed since the last build"
+	@echo "make test   make book, then ruff and pytest (library, chapter pairs, the built site)"
 	@echo "make sync   re-pair notebooks/*.ipynb from notebooks/*.md with jupytext"
+	@echo "make clean  remove the build (the next make book builds from scratch)"
 
-$(PY):
+python-version:
+	@$(PYTHON) -c 'import sys; v = tuple(map(int, "$(MIN_PYTHON)".split("."))); sys.exit(0 if sys.version_info[:3] >= v else 1)' \
+	  || { echo "error: this project needs Python >= $(MIN_PYTHON) ($(PYTHON) is $$($(PYTHON) -V 2>&1 | cut -d' ' -f2)); run make PYTHON=python3.11 ..."; exit 1; }
+
+$(PY): | python-version
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
 
-install: $(PY)
+$(INSTALLED): requirements.txt constraints.txt pyproject.toml | $(PY)
+	@$(MAKE) --no-print-directory python-version PYTHON=$(PY)
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	@touch $@
 
-book: install
+install: $(INSTALLED)
+
+# A clean build each time it runs (jupyter-cache cannot see library changes); it runs only when an input
+# is newer than the last successful build.
+$(BUILT): $(BOOK_INPUTS) $(INSTALLED)
 	rm -rf _build
 	$(JB) build . --builder html -W -n --keep-going
+	@touch $@
+
+book: $(BUILT)
 	@echo
 	@echo "Open the book: $(CURDIR)/_build/html/index.html"
 
-test: book
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check src tests
+
+test: book lint
 	$(PY) -m pytest
 
-sync: install
+sync: $(INSTALLED)
 	$(VENV)/bin/jupytext --to ipynb --update notebooks/[0-9]*.md
 
 clean:

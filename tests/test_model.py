@@ -86,3 +86,15 @@ def test_bad_calls(model):
         model(torch.zeros(1, 3, dtype=torch.long), torch.tensor([62]), model.new_cache(1))
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(d_model=30, n_head=4)
+
+
+def test_broadcast_copies_one_row_like_select(model):
+    cache = model.new_cache(1, length=16)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), 0, cache)
+    wide, picked = cache.broadcast(4), cache.select(torch.zeros(4, dtype=torch.long))
+    assert torch.equal(wide.keys, picked.keys) and torch.equal(wide.values, picked.values) and wide.batch == 4
+    wide.keys[:, 1] += 1  # rows are copies, not views of one another
+    assert torch.equal(wide.keys[:, 0], cache.keys[:, 0])
+    with pytest.raises(ValueError, match="one row"):
+        wide.broadcast(2)

@@ -1,19 +1,15 @@
 """corpus.py, train.py and pair.py: the corpus split, a short training run, checksums, and bad files."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import TINY, save_tiny_pair
 from speculative import corpus
 from speculative.model import GPT, GPTConfig
 from speculative.pair import PAIR_DIR, PAIR_FILES, load_pair, sha256_file
-from speculative.train import get_pair
-from speculative.train import TrainConfig, bits_per_byte, byte_tensor, train_model
-
-from conftest import TINY, save_tiny_pair
-
+from speculative.train import TrainConfig, bits_per_byte, byte_tensor, get_pair, train_model
 
 
 def test_corpus_is_the_stdlib_split_by_file():

@@ -97,7 +97,8 @@ def test_find_unknown_key():
 def test_diff_from_correct_shows_only_the_changed_lines():
     assert pitfalls.diff_from_correct(pitfalls.exact_correct) == ""
     diff = pitfalls.diff_from_correct(pitfalls.exact_resample_from_target).splitlines()
-    assert diff == ["-    r = normalized_residual(p, q)", "+    r = p  # MISTAKE: after a rejection, draw from p itself"]
+    assert diff == ["-    r = normalized_residual(p, q)",
+                    "+    r = p  # MISTAKE: after a rejection, draw from p itself"]
     for pitfall in PITFALLS + [FIX]:
         assert pitfalls.diff_from_correct(pitfall.exact).strip(), pitfall.key
 

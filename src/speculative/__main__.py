@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=formatter)
     verify.set_defaults(run=_run_verify)
 
-    bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record", formatter_class=formatter)
+    bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record",
+                                formatter_class=formatter)
     targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode}", parser_class=_Parser)
     s = defaults.BENCH_SAMPLER
     sampler = targets.add_parser("sampler", help="the batched rejection sampler vs the plain per-row reference",
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.set_defaults(run=_run_bench_sampler)
 
     d = defaults.BENCH_DECODE
-    decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair", formatter_class=formatter)
+    decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair",
+                                formatter_class=formatter)
     decode.add_argument("--gamma", type=_ints, default=list(d["gammas"]), metavar="G[,G...]", help="draft lengths")
     decode.add_argument("--temperature", type=_temperatures, default=list(d["temperatures"]), metavar="T[,T...]",
                         help="temperatures, 0 = greedy")
@@ -161,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"{role} width (divisible by its heads)")
         train.add_argument(f"--{role}-heads", type=_int, default=shape["n_head"], help=f"{role} attention heads")
     train.add_argument("--context", type=_int, default=defaults.CONTEXT, help="positions both models hold")
-    train.add_argument("--reuse-target", default=None, help="take the target from this pair folder; train only the draft")
+    train.add_argument("--reuse-target", default=None,
+                       help="take the target from this pair folder; train only the draft")
     train.add_argument("--draft-init", default=None,
                        help="start the draft from this pair folder's draft (same shape) and keep training it")
     train.add_argument("--seed", type=int, default=defaults.TRAIN_SEED, help="seed of weights and batches")

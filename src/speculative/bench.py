@@ -77,11 +77,12 @@ def bench_sampler(
         draft = torch.softmax(torch.randn(batch, k, vocab, generator=cpu_generator) * 3, dim=-1)
         drafts = torch.multinomial(draft.reshape(-1, vocab), 1, generator=cpu_generator).reshape(batch, k)
         on_device = [t.to(device) for t in (drafts, draft, target)]
+        inputs = (drafts, draft, target)
         timings = time_side_by_side(
             {
-                "batched": lambda: rejection_sample(*on_device, generator),
-                "reference": lambda: reference_rejection_sample(drafts, draft, target,
-                                                                draw_randomness(batch, k, cpu_generator)),
+                "batched": lambda on_device=on_device: rejection_sample(*on_device, generator),
+                "reference": lambda inputs=inputs, batch=batch: reference_rejection_sample(
+                    *inputs, draw_randomness(batch, k, cpu_generator)),
             },
             repeats=repeats,
             device=device,
@@ -343,8 +344,9 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
         lines.append(f"{row['batch']:>5} {row['temperature']:>4g} {row['gamma']:>5} {row['alpha']:>6.3f} "
-                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['v']:>5.2f} {row['plain_tokens_per_s']:>11.0f} "
-                     f"{row['speculative_tokens_per_s']:>10.0f} {row['speedup']:>6.2f}x {row['predicted_leviathan']:>5.2f}x "
+                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['v']:>5.2f} "
+                     f"{row['plain_tokens_per_s']:>11.0f} {row['speculative_tokens_per_s']:>10.0f} "
+                     f"{row['speedup']:>6.2f}x {row['predicted_leviathan']:>5.2f}x "
                      f"{row['predicted_refined']:>6.2f}x {row['efficiency']:>6.2f}")
     env = record["environment"]
     lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "

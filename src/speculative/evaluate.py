@@ -41,7 +41,8 @@ def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = Sam
 
 
 @torch.no_grad()
-def completion_bits_per_byte(target: GPT, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> torch.Tensor:
+def completion_bits_per_byte(target: GPT, prompts: Sequence[Prompt],
+                             completions: Sequence[Sequence[int]]) -> torch.Tensor:
     """Return, per row, the mean -log2 p(byte | context) the target assigns to the completion's bytes."""
     rows = encode_prompts(prompts, target.config.vocab_size)
     if len(rows) != len(completions):

@@ -62,6 +62,16 @@ class KVCache:
         self.batch = batch
         self.context = length
 
+    def broadcast(self, batch: int) -> "KVCache":
+        """Return a new cache of ``batch`` rows, each a copy of this one-row cache's row."""
+        if self.batch != 1:
+            raise ValueError(f"broadcast needs a cache of one row, this one has {self.batch}")
+        out = object.__new__(KVCache)
+        shape = (self.keys.shape[0], batch, *self.keys.shape[2:])
+        out.keys, out.values = self.keys.expand(shape).contiguous(), self.values.expand(shape).contiguous()
+        out.batch, out.context = batch, self.context
+        return out
+
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Return a new cache whose row i is a copy of this cache's row ``rows[i]``."""
         out = object.__new__(KVCache)

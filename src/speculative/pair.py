@@ -107,10 +107,10 @@ def _load_model(path: Path, config: GPTConfig, device, dtype) -> GPT:
     state = load_file(str(path))
     state["head.weight"] = state["token_embedding.weight"]
     model = GPT(config)
-    missing, unexpected = model.load_state_dict(state, strict=False), None
-    if missing.missing_keys or missing.unexpected_keys:
-        raise ValueError(f"{path.name} does not match its config: missing {missing.missing_keys}, "
-                         f"unexpected {missing.unexpected_keys}")
+    keys = model.load_state_dict(state, strict=False)
+    if keys.missing_keys or keys.unexpected_keys:
+        raise ValueError(f"{path.name} does not match its config: missing {keys.missing_keys}, "
+                         f"unexpected {keys.unexpected_keys}")
     return model.to(device=device, dtype=dtype).eval()
 
 

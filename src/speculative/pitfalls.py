@@ -449,7 +449,8 @@ PITFALLS: list[Pitfall] = [
     Pitfall("unnormalized_residual", "Unnormalised residual",
             "The residual max(p - q, 0) is sampled by inverse CDF without dividing by its mass; the overrun "
             "is clamped to the last token id.",
-            "figures that omit the normalisation (seed article); transformers #28508 fixed a residual normalised with softmax",
+            "figures that omit the normalisation (seed article); "
+            "transformers #28508 fixed a residual normalised with softmax",
             exact_unnormalized_residual, sample_unnormalized_residual),
     Pitfall("unguarded_zero_residual", "Zero residual divided anyway",
             "The residual is divided by its mass with no guard; when rounding makes p fall below q everywhere "
@@ -521,7 +522,8 @@ def _code_lines(function) -> list[tuple[str, str]]:
     """Return (line as written, line without its comment) for a function's body, docstring dropped."""
     lines = inspect.getsource(function).splitlines()[1:]  # drop the def line
     if lines and lines[0].strip().startswith('"""'):
-        end = next(i for i, line in enumerate(lines) if line.rstrip().endswith('"""') and (i > 0 or line.count('"""') == 2))
+        end = next(i for i, line in enumerate(lines)
+                   if line.rstrip().endswith('"""') and (i > 0 or line.count('"""') == 2))
         lines = lines[end + 1:]
     return [(line, line.split("  #")[0].rstrip()) for line in lines]
 

@@ -41,7 +41,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample", "reference_rejection_sample"]
+__all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample",
+           "reference_rejection_sample"]
 
 _FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 #: The slack every row sum gets: a float32 softmax, normalised, sums to 1 within far less than this.
@@ -171,7 +172,8 @@ def rejection_sample(
             raise ValueError("pass a torch.Generator (the library never uses the global RNG) or randomness")
         randomness = draw_randomness(batch, k, generator, device=target_probs.device)
     if tuple(randomness.uniforms.shape) != (batch, k + 1):
-        raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), got {tuple(randomness.uniforms.shape)}")
+        raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), "
+                         f"got {tuple(randomness.uniforms.shape)}")
     if batch == 0:
         empty = torch.empty(0, dtype=torch.long, device=target_probs.device)
         return SamplerOutput(tokens=empty.reshape(0, k + 1), num_accepted=empty, num_emitted=empty.clone())

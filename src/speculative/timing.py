@@ -109,10 +109,14 @@ def _cpu_name() -> str:
 
 
 def environment(device="cpu") -> dict:
-    """Return what a measurement ran on: device, accelerator name, torch, threads, CPU, Python, OS."""
+    """Return what a measurement ran on: device, accelerator name, library and torch versions, threads, CPU,
+    Python, OS."""
     device = str(device)
+    from . import __version__
+
     info = {
         "device": device,
+        "speculative": __version__,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": _cpu_name(),

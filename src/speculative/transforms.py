@@ -46,7 +46,8 @@ class SamplingConfig:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float, Fraction)) or t != t or t < 0 or t == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         p = self.top_p
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float, Fraction)) or not 0 < p <= 1):
