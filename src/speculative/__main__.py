@@ -24,64 +24,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
+def _parser(convert, accept, expected: str, many: bool = False):
+    """Return an argparse type: ``convert`` each comma-separated part (one value unless ``many``), and
+    refuse, saying what was ``expected``, a value that does not convert or that ``accept`` rejects."""
+
+    def parse(text: str):
+        try:
+            values = [convert(part) for part in (text.split(",") if many else [text]) if part.strip()]
+        except ValueError:
+            values = []
+        if not values or not all(accept(v) for v in values):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return values if many else values[0]
+
+    return parse
 
 
-def _int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
-def _temperatures(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v >= 0 or v == float("inf") for v in values):
-        raise argparse.ArgumentTypeError(f"temperatures must be finite and >= 0, got {text!r}")
-    return values
+_ints = _parser(int, lambda v: v >= 1, "comma-separated integers >= 1", many=True)
+_temperatures = _parser(float, lambda v: 0 <= v < float("inf"), "comma-separated temperatures, finite and >= 0",
+                        many=True)
+_int = _parser(int, lambda v: v >= 1, "an integer >= 1")
+_seconds = _parser(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0")
+_fraction = _parser(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_top_p = _parser(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def _device(text: str) -> str:
@@ -94,10 +59,6 @@ def _device(text: str) -> str:
             raise argparse.ArgumentTypeError("--device cuda was asked for, but torch sees no CUDA device here")
         return text
     raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu or cuda[:N]")
-
-
-def _csv(values) -> str:
-    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
 def build_parser() -> argparse.ArgumentParser:
