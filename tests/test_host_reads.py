@@ -2,7 +2,7 @@
 
 On a GPU each host read (``.item()``, ``.tolist()``, ``bool(tensor)``, ...) stalls until the device has
 finished its queued work; a small model then spends its time waiting. These tests count the reads by
-patching the Tensor methods that do them (``tests/syncs.py``) and fail above the bounds the engine
+patching the Tensor methods that do them (``timing.count_host_reads``) and fail above the bounds the engine
 promises: at most 2 per speculative block, at most 1 per plain token. They count calls, on a CPU; a read
 made inside a C++ kernel (a boolean mask, say) is not counted, so the engine avoids those by
 construction (every per-row decision is a ``torch.where``).
@@ -14,8 +14,8 @@ import torch
 from speculative.decode import plain_decode, speculative_decode
 from speculative.pair import load_pair
 from speculative.sampler import rejection_sample
+from speculative.timing import count_host_reads
 from speculative.transforms import SamplingConfig
-from syncs import counting_host_reads
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_speculative_decode_reads_at_most_two_values_per_block(pair, batch):
     # batch 4 with prompts of different lengths: rows finish at different blocks and are dropped
     prompts = [pair.prompts[i][:40 + 7 * i] for i in range(batch)]
     generator = torch.Generator().manual_seed(0)
-    with counting_host_reads() as counter:
+    with count_host_reads() as counter:
         out = speculative_decode(pair.target, pair.draft, prompts, 64, 4, SamplingConfig(temperature=1.0), generator)
     blocks = len(out.accepted)
     assert blocks >= 64 // 5
@@ -37,7 +37,7 @@ def test_speculative_decode_reads_at_most_two_values_per_block(pair, batch):
 
 def test_plain_decode_reads_at_most_one_value_per_token(pair):
     generator = torch.Generator().manual_seed(0)
-    with counting_host_reads() as counter:
+    with count_host_reads() as counter:
         plain_decode(pair.target, pair.prompts[:2], 64, SamplingConfig(temperature=1.0), generator)
     assert counter["reads"] <= 64, counter["reads"]
 
@@ -47,10 +47,10 @@ def test_the_sampler_with_checks_off_reads_nothing_back():
     target = torch.softmax(torch.randn(8, 5, 50, generator=generator), -1)
     draft = torch.softmax(torch.randn(8, 4, 50, generator=generator), -1)
     drafts = torch.multinomial(draft.reshape(-1, 50), 1, generator=generator).reshape(8, 4)
-    with counting_host_reads() as counter:
+    with count_host_reads() as counter:
         rejection_sample(drafts, draft, target, generator, check_values=False)
     assert counter["reads"] == 0
-    with counting_host_reads() as counter:  # the checks are host reads: the counter does see them
+    with count_host_reads() as counter:  # the checks are host reads: the counter does see them
         rejection_sample(drafts, draft, target, generator)
     assert counter["reads"] > 0
 

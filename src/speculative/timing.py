@@ -13,15 +13,47 @@ that do not.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["synchronize", "Clock", "NO_CLOCK", "environment", "median_call_seconds"]
+__all__ = ["synchronize", "Clock", "NO_CLOCK", "environment", "median_call_seconds", "HOST_READS", "count_host_reads"]
+
+#: The Tensor methods that bring a value back to the host; on CUDA each waits for the device's queued work.
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
+
+
+@contextmanager
+def count_host_reads() -> Iterator[dict]:
+    """Yield a dict whose ``"reads"`` entry counts calls of :data:`HOST_READS` made inside the block.
+
+    It patches those ``torch.Tensor`` methods for the duration (one thread at a time, please). It counts
+    calls from Python, on any device; a read made inside a C++ kernel (indexing with a boolean mask, say)
+    is not seen, so code that wants few reads avoids those by construction.
+    """
+    counter = {"reads": 0}
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(method):
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            counter["reads"] += 1
+            return method(*args, **kwargs)
+        return call
+
+    for name, method in saved.items():
+        setattr(torch.Tensor, name, counted(method))
+    try:
+        yield counter
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 def synchronize(device) -> None:
