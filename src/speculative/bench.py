@@ -193,7 +193,7 @@ def bench_decode(
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
-    from .decode import _check, encode_prompts, plain_decode, speculative_decode
+    from .decode import check_room, encode_prompts, plain_decode, speculative_decode
     from .stats import measured_acceptance_rate
     from .transforms import SamplingConfig
 
@@ -210,7 +210,7 @@ def bench_decode(
         raise ValueError(f"batch {max(batches)} needs more prompts than the pair ships ({len(pair.prompts)})")
     rows_all = encode_prompts(pair.prompts[:max(batches)], pair.target.config.vocab_size)
     for model in (pair.target, pair.draft):  # the longest run first: fail now, not after an hour
-        _check(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
+        check_room(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
     rows = []
     # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v; on CUDA it
     # costs a synchronisation per forward, so separate runs do

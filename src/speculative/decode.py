@@ -42,7 +42,7 @@ from .sampler import categorical, rejection_sample
 from .timing import NO_CLOCK, Clock
 from .transforms import SamplingConfig, logits_problem, logits_to_probs
 
-__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "prefill"]
+__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "check_room", "prefill"]
 
 Prompt = Union[bytes, str, Sequence[int]]
 _MOVED = {"exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate"}
@@ -115,7 +115,9 @@ def encode_prompts(prompts: Sequence[Prompt], vocab_size: int = 256) -> list[lis
     return encoded
 
 
-def _check(model: GPT, prompts: list[list[int]], max_new_tokens: int, lookahead: int) -> None:
+def check_room(model: GPT, prompts: list[list[int]], max_new_tokens: int, lookahead: int) -> None:
+    """Raise ValueError unless the longest prompt, ``max_new_tokens`` and ``lookahead`` more positions (a
+    block's drafts) fit in the model's context; ``prompts`` are encoded (:func:`encode_prompts`)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     context = model.config.context
@@ -176,7 +178,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     seconds inside the model's calls; without one nothing is timed.
     """
     rows = encode_prompts(prompts, model.config.vocab_size)
-    _check(model, rows, max_new_tokens, lookahead=0)
+    check_room(model, rows, max_new_tokens, lookahead=0)
     device = model.device
     generator = generator or torch.Generator(device=device).manual_seed(0)
     clock = clock or NO_CLOCK
@@ -223,8 +225,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     if target.device != draft.device:
         raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
     rows = encode_prompts(prompts, target.config.vocab_size)
-    _check(target, rows, max_new_tokens, lookahead=gamma + 2)
-    _check(draft, rows, max_new_tokens, lookahead=gamma + 2)
+    check_room(target, rows, max_new_tokens, lookahead=gamma + 2)
+    check_room(draft, rows, max_new_tokens, lookahead=gamma + 2)
     device = target.device
     generator = generator or torch.Generator(device=device).manual_seed(0)
     clock = clock or NO_CLOCK
