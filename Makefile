@@ -9,10 +9,13 @@ MIN_PYTHON := 3.11.5
 INSTALLED  := $(VENV)/.installed
 BUILT      := _build/html/.built
 # everything the book is made from: a change to any of these rebuilds it; nothing else does
-BOOK_INPUTS := _config.yml _toc.yml $(wildcard notebooks/*.md book/*) \
-               $(shell find src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null)
+BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md book/*) \
+               $(shell find src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null))
+# the list of inputs itself, rewritten only when it changes, so that a file added or deleted rebuilds too
+INPUT_LIST := _build/.inputs
+$(shell mkdir -p _build && { echo '$(BOOK_INPUTS)' | cmp -s - $(INPUT_LIST) || echo '$(BOOK_INPUTS)' > $(INPUT_LIST); })
 
-.PHONY: book test lint install sync clean help python-version
+.PHONY: book test lint install sync clean help
 
 help:
 	@echo "make book   install, then build the HTML site (every chapter executed, warnings = errors) when any"
@@ -21,16 +24,17 @@ help:
 	@echo "make sync   re-pair notebooks/*.ipynb from notebooks/*.md with jupytext"
 	@echo "make clean  remove the build (the next make book builds from scratch)"
 
-python-version:
-	@$(PYTHON) -c 'import sys; v = tuple(map(int, "$(MIN_PYTHON)".split("."))); sys.exit(0 if sys.version_info[:3] >= v else 1)' \
-	  || { echo "error: this project needs Python >= $(MIN_PYTHON) ($(PYTHON) is $$($(PYTHON) -V 2>&1 | cut -d' ' -f2)); run make PYTHON=python3.11 ..."; exit 1; }
+# one line, and exit 1, when a Python is older than the pins allow
+check_python = $(1) -c 'import sys; v = tuple(map(int, "$(MIN_PYTHON)".split("."))); sys.exit(sys.version_info[:3] < v)' \
+  || { echo "error: this project needs Python >= $(MIN_PYTHON), but $(1) is $$($(1) -V 2>&1 | cut -d' ' -f2); run make PYTHON=python3.11 (or newer)"; exit 1; }
 
-$(PY): | python-version
+$(PY):
+	@$(call check_python,$(PYTHON))
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
 
 $(INSTALLED): requirements.txt constraints.txt pyproject.toml | $(PY)
-	@$(MAKE) --no-print-directory python-version PYTHON=$(PY)
+	@$(call check_python,$(PY))
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	@touch $@
 
@@ -38,9 +42,10 @@ install: $(INSTALLED)
 
 # A clean build each time it runs (jupyter-cache cannot see library changes); it runs only when an input
 # is newer than the last successful build.
-$(BUILT): $(BOOK_INPUTS) $(INSTALLED)
+$(BUILT): $(BOOK_INPUTS) $(INPUT_LIST) $(INSTALLED)
 	rm -rf _build
 	$(JB) build . --builder html -W -n --keep-going
+	@echo '$(BOOK_INPUTS)' > $(INPUT_LIST)
 	@touch $@
 
 book: $(BUILT)

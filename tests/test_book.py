@@ -53,7 +53,10 @@ def test_results_are_found_from_a_chapter_or_the_root(monkeypatch, tmp_path):
     assert {r["file"] for r in book.load_records()} >= {"decode_cpu.json", "sampler_cpu.json"}
 
 
-def test_pick_device_is_cpu_here():
+def test_pick_device_follows_what_torch_sees(monkeypatch):
     import torch
 
-    assert book.pick_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert book.pick_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert book.pick_device() == "cpu"

@@ -143,20 +143,34 @@ def test_train_refuses_an_existing_folder_without_force(tmp_path, capsys):
     assert (tmp_path / "pair" / "notes.txt").read_text() == "mine"
 
 
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from _subparsers(sub)
+
+
 def test_version_and_defaults_in_every_help(capsys):
-    from speculative import __version__
+    from speculative import __version__, defaults
+    from speculative.__main__ import build_parser
 
     with pytest.raises(SystemExit):
         main(["--version"])
     assert __version__ in capsys.readouterr().out
-    for argv in (["bench", "decode"], ["bench", "sampler"], ["train"]):
-        with pytest.raises(SystemExit):
-            main([*argv, "--help"])
-        text = " ".join(capsys.readouterr().out.split())
-        assert "(default: " in text
-    from speculative import defaults
-
-    assert f"(default: {defaults.TARGET_SECONDS})" in " ".join(text.split())  # the train help reads defaults
+    parser = build_parser()
+    commands = dict(_subparsers(parser))
+    assert {"verify", "bench", "sampler", "decode", "train"} <= set(commands)
+    for name, sub in commands.items():
+        text = " ".join(sub.format_help().split())
+        for action in sub._actions:  # every option that has a default says it in --help
+            if action.help and action.default not in (None, False) and action.dest != "help":
+                shown = ",".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+                assert f"(default: {action.default})" in text or f"(default: {shown})" in text, (name, action.dest)
+    train_help = " ".join(commands["train"].format_help().split())
+    assert f"(default: {defaults.TARGET_SECONDS})" in train_help  # and the defaults are defaults.py's
 
 
 def test_the_installed_command_fails_without_a_traceback(tmp_path):

@@ -11,7 +11,7 @@ construction (every per-row decision is a ``torch.where``).
 import pytest
 import torch
 
-from speculative.decode import plain_decode, speculative_decode
+from speculative.decode import DecodingError, plain_decode, speculative_decode
 from speculative.pair import load_pair
 from speculative.sampler import rejection_sample
 from speculative.timing import count_host_reads
@@ -32,14 +32,19 @@ def test_speculative_decode_reads_at_most_two_values_per_block(pair, batch):
         out = speculative_decode(pair.target, pair.draft, prompts, 64, 4, SamplingConfig(temperature=1.0), generator)
     blocks = len(out.accepted)
     assert blocks >= 64 // 5
-    assert counter["reads"] <= 2 * blocks, (counter["reads"], blocks)
+    assert counter["reads"] <= 2 * blocks, (counter["reads"], blocks)  # the promise
+    # what the loop really does: one read per block, one more for the check that finds every row done,
+    # and two after the loop (the tokens and the acceptance counts); a read that crept into the loop,
+    # even in some blocks only, exceeds this
+    assert counter["reads"] <= blocks + 3, (counter["reads"], blocks)
 
 
 def test_plain_decode_reads_at_most_one_value_per_token(pair):
     generator = torch.Generator().manual_seed(0)
     with count_host_reads() as counter:
         plain_decode(pair.target, pair.prompts[:2], 64, SamplingConfig(temperature=1.0), generator)
-    assert counter["reads"] <= 64, counter["reads"]
+    assert counter["reads"] <= 64, counter["reads"]  # the promise: at most one per token
+    assert counter["reads"] <= 2, counter["reads"]  # what it does: the NaN check and the tokens, after the loop
 
 
 def test_the_sampler_with_checks_off_reads_nothing_back():
@@ -74,7 +79,7 @@ def test_nan_logits_inside_the_loop_are_an_error_not_silent(pair):
             return logits if logits.shape[1] > 90 else logits.fill_(float("nan"))  # prefill fine, then NaN
 
     broken = Broken(pair.target)
-    with pytest.raises(ValueError, match="NaN or \\+inf logits"):
+    with pytest.raises(DecodingError, match="NaN or \\+inf logits"):
         speculative_decode(broken, pair.draft, pair.prompts[:1], 8, 2, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="NaN or \\+inf logits"):
+    with pytest.raises(DecodingError, match="NaN or \\+inf logits"):
         plain_decode(broken, pair.prompts[:1], 8, generator=torch.Generator().manual_seed(0))

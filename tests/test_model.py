@@ -84,6 +84,10 @@ def test_bad_calls(model):
         model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(1, dtype=torch.long), model.new_cache(2))
     with pytest.raises(ValueError, match="outside"):
         model(torch.zeros(1, 3, dtype=torch.long), torch.tensor([62]), model.new_cache(1))
+    with pytest.raises(ValueError, match="span 2 does not cover position 3"):
+        model(torch.zeros(1, 4, dtype=torch.long), 0, model.new_cache(1), span=2)
+    with pytest.raises(ValueError, match="start must be an int or have shape"):
+        model(torch.zeros(1, 2, dtype=torch.long), True, model.new_cache(1))
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(d_model=30, n_head=4)
 

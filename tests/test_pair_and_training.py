@@ -120,3 +120,16 @@ def test_the_shipped_pair_is_complete_and_verified():
 def test_get_pair_can_train_a_small_one(tmp_path):
     pair = get_pair(train_small=True, folder=tmp_path, seconds=4)
     assert (tmp_path / "SHA256SUMS").is_file() and pair.target.config.n_layer == 2
+
+
+def test_save_pair_refuses_a_full_folder_and_replaces_it_only_when_asked(tmp_path, tiny_pair_dir):
+    from speculative.pair import save_pair
+
+    pair = load_pair(tiny_pair_dir)
+    args = (pair.target, pair.draft, {"note": "second"}, {"log": []}, pair.prompts)
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_pair(tiny_pair_dir, *args)
+    assert load_pair(tiny_pair_dir).info["note"] == "test"  # untouched
+    save_pair(tiny_pair_dir, *args, overwrite=True)
+    assert load_pair(tiny_pair_dir).info["note"] == "second"
+    assert sorted(p.name for p in tiny_pair_dir.parent.iterdir()) == [tiny_pair_dir.name]  # nothing left aside

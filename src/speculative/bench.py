@@ -131,8 +131,11 @@ def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    partial.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    partial.replace(out)  # atomic: a reader never sees half a record
+    try:
+        partial.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+        partial.replace(out)  # atomic: a reader never sees half a record
+    finally:
+        partial.unlink(missing_ok=True)
     return out
 
 
@@ -147,9 +150,11 @@ def _forward_costs(pair, batch: int, gammas) -> dict:
     token = torch.tensor([[r[-1]] for r in rows], device=device)
 
     def median_time(model, tokens):
-        cache = prefill(model, rows, length=model.config.context)
+        # attend over the positions a first block does (the loop bounds its span the same way)
+        span = max(len(r) for r in rows) + tokens.shape[1]
+        cache = prefill(model, rows, length=span)
         with torch.no_grad():
-            return median_call_seconds(lambda: model(tokens, start, cache, check=False))
+            return median_call_seconds(lambda: model(tokens, start, cache, span=span, check=False))
 
     out = {"draft_1": median_time(pair.draft, token), "target_1": median_time(pair.target, token)}
     for gamma in gammas:
@@ -165,6 +170,7 @@ def bench_decode(
     max_new_tokens: int = defaults.BENCH_DECODE["max_new_tokens"],
     repeats: int = defaults.BENCH_DECODE["repeats"],
     seed: int = defaults.BENCH_DECODE["seed"],
+    *,
     progress: bool = True,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
@@ -252,14 +258,13 @@ def bench_decode(
             if not in_run:  # one more run of each decoder, same seed, only for the forward times
                 timed_plain = [run_plain(prompts, config, seed, True)]
                 timed_spec = {gamma: [run_spec(prompts, gamma, config, seed, True)] for gamma in gammas}
-            target_call = sum(r.target_seconds for r in timed_plain) / (max_new_tokens * len(timed_plain))
-            in_situ = {}
-            for gamma in gammas:
-                runs = timed_spec[gamma]
-                in_situ[gamma] = {
-                    "c": sum(r.draft_seconds for r in runs) / sum(r.draft_forwards - 1 for r in runs) / target_call,
-                    "v": sum(r.target_seconds for r in runs) / sum(r.target_forwards - 1 for r in runs) / target_call,
-                }
+            def per_call(runs, name):  # mean seconds of one timed forward of model ``name``
+                return (sum(getattr(r, f"{name}_seconds") for r in runs)
+                        / sum(r.timed_calls[name] for r in runs))
+
+            target_call = per_call(timed_plain, "target")
+            in_situ = {gamma: {"c": per_call(timed_spec[gamma], "draft") / target_call,
+                               "v": per_call(timed_spec[gamma], "target") / target_call} for gamma in gammas}
             bar.update()
             for gamma in gammas:
                 results = spec_results[gamma]

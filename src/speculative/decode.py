@@ -42,7 +42,8 @@ from .sampler import categorical, rejection_sample
 from .timing import NO_CLOCK, Clock
 from .transforms import SamplingConfig, logits_problem, logits_to_probs
 
-__all__ = ["DecodeResult", "plain_decode", "speculative_decode", "encode_prompts", "check_room", "prefill"]
+__all__ = ["DecodeResult", "DecodingError", "plain_decode", "speculative_decode", "encode_prompts", "check_room",
+           "prefill"]
 
 Prompt = Union[bytes, str, Sequence[int]]
 _MOVED = {"exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate"}
@@ -74,6 +75,7 @@ class DecodeResult:
     prefill_seconds: float = float("nan")
     target_seconds: float = float("nan")
     draft_seconds: float = float("nan")
+    timed_calls: dict = field(default_factory=dict)  # forward calls those seconds cover, per model name
 
     def text(self, row: int = 0) -> str:
         return bytes(self.tokens[row]).decode("utf-8", errors="replace")
@@ -97,6 +99,7 @@ def _timed(result: DecodeResult, clock: Clock) -> DecodeResult:
     result.prefill_seconds = clock.marks.get("prefill", nan)
     result.target_seconds = clock.seconds.get("target", nan)
     result.draft_seconds = clock.seconds.get("draft", nan)
+    result.timed_calls = dict(clock.calls)
     return result
 
 
@@ -163,9 +166,22 @@ def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return categorical(probs, uniform)
 
 
+class DecodingError(RuntimeError):
+    """A model misbehaved during decoding (NaN or +inf logits): not a bad input, a broken model."""
+
+
 def _raise_if(problem: bool) -> None:
     if problem:
-        raise ValueError("a model produced NaN or +inf logits, or a row of logits entirely -inf, while decoding")
+        raise DecodingError("a model produced NaN or +inf logits, or a row of logits entirely -inf, while decoding")
+
+
+def _generator(generator: Optional[torch.Generator], device: torch.device) -> torch.Generator:
+    if generator is None:
+        return torch.Generator(device=device).manual_seed(0)
+    if torch.device(generator.device).type != device.type:
+        raise ValueError(f"the generator is on {generator.device} but the model is on {device}: "
+                         "make it with torch.Generator(device=...)")
+    return generator
 
 
 @torch.no_grad()
@@ -180,7 +196,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     rows = encode_prompts(prompts, model.config.vocab_size)
     check_room(model, rows, max_new_tokens, lookahead=0)
     device = model.device
-    generator = generator or torch.Generator(device=device).manual_seed(0)
+    generator = _generator(generator, device)
     clock = clock or NO_CLOCK
     clock.start()
     longest = max(len(r) for r in rows)
@@ -201,7 +217,8 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     _raise_if(bool(problem))
     tokens = torch.stack(generated, 1).tolist()
     clock.mark("end")
-    return _timed(DecodeResult(tokens=tokens, target_forwards=max_new_tokens + 1), clock)
+    prefilled = int(longest > 1)  # a prompt of one token needs no prefill forward
+    return _timed(DecodeResult(tokens=tokens, target_forwards=max_new_tokens + prefilled), clock)
 
 
 @torch.no_grad()
@@ -228,7 +245,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     check_room(target, rows, max_new_tokens, lookahead=gamma + 2)
     check_room(draft, rows, max_new_tokens, lookahead=gamma + 2)
     device = target.device
-    generator = generator or torch.Generator(device=device).manual_seed(0)
+    generator = _generator(generator, device)
     clock = clock or NO_CLOCK
     batch = len(rows)
     clock.start()
@@ -238,7 +255,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     draft_cache = prefill(draft, rows, length=capacity)
     clock.mark("prefill")
     target_call, draft_call = clock.wrap(target, "target"), clock.wrap(draft, "draft")
-    target_forwards, draft_forwards = 1, 1
+    target_forwards = draft_forwards = int(longest > 1)  # the prefill's forward, if the prompts needed one
     # (B, capacity + 1): prompt, then generated tokens; the last column is scratch, where the writes of
     # finished rows and of padding go instead of being masked out (a mask would need a host read)
     sequence = _padded(rows, capacity + 1, device)

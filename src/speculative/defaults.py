@@ -13,6 +13,12 @@ DRAFT_SHAPE = {"n_layer": 2, "d_model": 128, "n_head": 2}
 CONTEXT = 256  # positions the models and their caches hold
 VOCAB_SIZE = 256  # bytes
 
+#: The pair ``train.get_pair(train_small=True)`` trains in about a minute, for machines without the files.
+SMALL_TARGET_SHAPE = {"n_layer": 2, "d_model": 64, "n_head": 2}
+SMALL_DRAFT_SHAPE = {"n_layer": 1, "d_model": 32, "n_head": 2}
+#: The held-out prompts saved with a pair: how many, and how many bytes each.
+PROMPTS = {"count": 64, "length": 96}
+
 #: Training budgets (wall-clock seconds) and the draft's distillation weight, as the shipped pair used.
 TARGET_SECONDS = 4200.0
 DRAFT_SECONDS = 720.0

@@ -185,7 +185,7 @@ class GPT(nn.Module):
         else:
             if cache.batch != batch:
                 raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
-            if isinstance(start, int):
+            if isinstance(start, int) and not isinstance(start, bool):
                 first, last, shared_start = start, start + steps - 1, start
                 positions = (start + offsets).expand(batch, steps)
             else:
@@ -204,6 +204,8 @@ class GPT(nn.Module):
                 span = last + 1 if last >= 0 else cache.context
             if not 1 <= span <= cache.context:
                 raise ValueError(f"span must be in [1, {cache.context}], got {span}")
+            if check and span <= last:
+                raise ValueError(f"span {span} does not cover position {last}, which this call writes")
             keys = torch.arange(span, device=device)
             mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
         x = self.token_embedding(tokens) + self.position_embedding(positions)

@@ -95,9 +95,13 @@ def save_pair(folder: Path, target: GPT, draft: GPT, info: dict, train_log: dict
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    if destination.exists():
-        shutil.rmtree(destination) if destination.is_dir() else destination.unlink()
+    old = None
+    if destination.exists():  # move the old one aside first, so that a failure never loses both
+        old = destination.with_name(f".{destination.name}.replaced-{folder.name}")
+        destination.rename(old)
     folder.rename(destination)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
     return hashlib.sha256(sums.encode()).hexdigest()
 
 

@@ -170,7 +170,8 @@ def train_model(
     return model, log
 
 
-def make_prompts(text: bytes, count: int = 64, length: int = 96, seed: int = 0) -> list[bytes]:
+def make_prompts(text: bytes, count: int = defaults.PROMPTS["count"], length: int = defaults.PROMPTS["length"],
+                 seed: int = 0) -> list[bytes]:
     """Return ``count`` prompts of ``length`` bytes that start at line starts of ``text``, chosen by ``seed``."""
     line_starts = [i + 1 for i, byte in enumerate(text[:-length - 1]) if byte == 10 and text[i + 1] not in b"\n"]
     if len(line_starts) < count:
@@ -257,7 +258,7 @@ def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: 
     import tempfile
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="speculative-pair-"))
-    train_pair(folder, GPTConfig(n_layer=2, n_head=2, d_model=64), GPTConfig(n_layer=1, n_head=2, d_model=32),
+    train_pair(folder, GPTConfig(**defaults.SMALL_TARGET_SHAPE), GPTConfig(**defaults.SMALL_DRAFT_SHAPE),
                target_seconds=seconds * 0.7, draft_seconds=seconds * 0.3, distill_weight=0.5, device=device,
                progress=False)
     return load_pair(folder, device=device, dtype=dtype)
