@@ -1,8 +1,13 @@
-"""Shared fixtures."""
+"""Shared fixtures and helpers."""
+
+import importlib.util
+import inspect
+import sys
 
 import pytest
 import torch
 
+from speculative import decode
 from speculative.model import GPT, GPTConfig
 from speculative.pair import save_pair
 from speculative.train import make_prompts
@@ -23,3 +28,19 @@ def tiny_pair_dir(tmp_path):
     folder = tmp_path / "pair"
     save_tiny_pair(folder)
     return folder
+
+
+def planted_rollback_bug():
+    """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
+    source = inspect.getsource(decode)
+    correct = "target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache"
+    assert source.count(correct) == 1
+    name = "speculative.decode_with_planted_bug"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__package__ = "speculative"
+    sys.modules[name] = module  # dataclasses look their module up while the class is created
+    try:
+        exec(compile(source.replace(correct, correct.replace("at - 1", "at")), name, "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module

@@ -5,14 +5,11 @@ their exact law, computed from the target itself (`exact_two_byte_law`). They re
 (stats.FALSE_ALARM_RATE), so each raises a false alarm with probability 1e-6; seeds are fixed.
 """
 
-import importlib.util
-import inspect
-import sys
-
 import pytest
 import torch
 
-from speculative import decode, evaluate, stats
+from conftest import planted_rollback_bug
+from speculative import evaluate, stats
 from speculative.decode import plain_decode, speculative_decode
 from speculative.evaluate import exact_two_byte_law
 from speculative.model import GPT, GPTConfig
@@ -87,24 +84,8 @@ def test_first_two_bytes_follow_the_exact_law(pair, config):
     assert detectable < 0.1
 
 
-def _planted_rollback_bug():
-    """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
-    source = inspect.getsource(decode)
-    correct = "target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache"
-    assert source.count(correct) == 1
-    name = "speculative.decode_with_planted_bug"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__ = "speculative"
-    sys.modules[name] = module  # dataclasses look their module up while the class is created
-    try:
-        exec(compile(source.replace(correct, correct.replace("at - 1", "at")), name, "exec"), module.__dict__)
-    finally:
-        del sys.modules[name]
-    return module
-
-
 def test_the_distribution_test_catches_an_off_by_one_rollback(pair):
-    broken = _planted_rollback_bug()
+    broken = planted_rollback_bug()
     config = SamplingConfig(temperature=1.0)
     result = stats.goodness_of_fit(_two_bytes(broken.speculative_decode, pair, config, seed=8), _law(pair, config))
     assert result.rejects(), result

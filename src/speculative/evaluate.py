@@ -17,7 +17,7 @@ from .decode import Prompt, _padded, encode_prompts
 from .model import GPT
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["exact_two_byte_law", "completion_bits_per_byte"]
+__all__ = ["exact_two_byte_law", "exact_sequence_law", "completion_bits_per_byte"]
 
 
 @torch.no_grad()
@@ -38,6 +38,46 @@ def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = Sam
     second = logits_to_probs(target(extended)[:, -1], config).double()  # (V, V): row a is p2(. | a)
     law = first.unsqueeze(1) * second
     return law / law.sum()
+
+
+@torch.no_grad()
+def exact_sequence_law(target: GPT, prompt: Prompt, config: SamplingConfig, length: int,
+                       max_sequences: int = 4096) -> tuple[dict[tuple[int, ...], float], float]:
+    """Return (law, margin): the exact law of the first ``length`` tokens the target emits after ``prompt``.
+
+    ``law`` maps each token sequence of positive probability to that probability (float64 products of
+    the per-step probabilities under ``config``). It is enumerated over the support, one level per
+    token, with one batched full forward (no cache) per level, so ``config`` must keep the support small
+    (top-k, top-p or greedy); more than ``max_sequences`` sequences raises. ``margin`` is the smallest gap,
+    over every context enumerated, between the lowest kept logit and the highest dropped one: when it is
+    far above float rounding, a decoder whose forwards round differently still keeps the same tokens.
+    """
+    vocab = target.config.vocab_size
+    ids = encode_prompts([prompt], vocab)[0]
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be an integer >= 1, got {length!r}")
+    if len(ids) + length - 1 > target.config.context:
+        raise ValueError("the prompt leaves no room for that many tokens in the context")
+    device = target.device
+    frontier, margin = {(): 1.0}, float("inf")
+    for _ in range(length):
+        prefixes = list(frontier)
+        tokens = torch.tensor([ids + list(p) for p in prefixes], device=device)
+        logits = torch.cat([target(chunk)[:, -1] for chunk in tokens.split(256)])  # (N, V)
+        probs = logits_to_probs(logits, config).double().cpu()
+        kept = probs > 0
+        if not kept.all():
+            low = logits.float().masked_fill(~kept.to(device), float("inf")).amin(-1)
+            high = logits.float().masked_fill(kept.to(device), float("-inf")).amax(-1)
+            margin = min(margin, float((low - high).min()))
+        grown = {}
+        for row, prefix in enumerate(prefixes):
+            for token in kept[row].nonzero().flatten().tolist():
+                grown[prefix + (token,)] = frontier[prefix] * float(probs[row, token])
+        if len(grown) > max_sequences:
+            raise ValueError(f"the support grows past {max_sequences} sequences: restrict it (top-k, top-p)")
+        frontier = grown
+    return frontier, margin
 
 
 @torch.no_grad()
