@@ -48,30 +48,50 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys):
 def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, capsys):
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "1,2", "--temperature", "0,1",
-                 "--batch", "1,2", "--max-new-tokens", "4", "--repeats", "1", "--no-progress",
+                 "--batch", "1,2", "--prompts", "4", "--max-new-tokens", "4", "--repeats", "2", "--no-progress",
                  "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert len(record["pair_sha256"]) == 64 and len(record["prompts_sha256"]) == 64
-    assert record["config"]["max_new_tokens"] == 4
+    assert record["config"]["max_new_tokens"] == 4 and record["config"]["prompts"] == 4
     assert len(record["results"]) == 2 * 2 * 2
     for row in record["results"]:
+        assert row["prompts"] == 4 and row["groups"] == 4 // row["batch"] and row["repeats"] == 2
         assert 0 <= row["alpha"] <= 1 and row["c"] > 0 and row["v"] > 0
-        assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_refined"])
-        assert row["tokens_per_target_forward"] == pytest.approx(4 / row["blocks"])
+        # the prediction: this run's tokens per call over the calibrated costs, no timing of this run
+        calibrated = row["calibration"]
+        assert row["predicted"] == pytest.approx(
+            row["tokens_per_target_forward"] / (row["gamma"] * calibrated["c"] + calibrated["v"]))
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted"])
+        # the pooled speedup is total plain seconds over total speculative seconds; one figure per group,
+        # per repeat, and an interval over groups that holds the pooled figure
+        assert row["speedup"] == pytest.approx(row["plain_seconds"] / row["speculative_seconds"])
+        assert len(row["speedup_per_group"]) == row["groups"] and len(row["speedup_per_repeat"]) == 2
+        low, high = row["speedup_ci95"]
+        assert low <= row["speedup"] <= high
         assert row["c_isolated"] > 0 and row["v_isolated"] > 0
         assert row["plain_prefill_seconds"] > 0 and row["speculative_prefill_seconds"] > 0
         # speeds are of the decode phase: every repeat's new tokens over its seconds after the prefill
-        assert row["plain_tokens_per_s"] == pytest.approx(row["batch"] * 4 * 1 / row["plain_seconds"])
-        # on a CPU the forwards are timed in the timed runs, and the efficiency is each side's share of
-        # time outside its forwards: (plain total / plain forwards) / (speculative total / its forwards)
+        assert row["plain_tokens_per_s"] == pytest.approx(row["batch"] * 4 * 2 * row["groups"] / row["plain_seconds"])
+        # the in-situ decomposition: on a CPU, its share is each side's time outside its forwards
         overheads = (row["plain_seconds"] / row["plain_forward_seconds"]) / (
             row["speculative_seconds"] / row["speculative_forward_seconds"])
-        assert row["efficiency"] == pytest.approx(overheads, rel=1e-9)
+        assert row["in_situ_share"] == pytest.approx(overheads, rel=1e-9)
+        assert row["in_situ_share"] == pytest.approx(row["speedup"] / row["decomposed_speedup"])
         assert 1 <= row["tokens_per_target_forward"] <= row["gamma"] + 1
         # a block's rows wait for the slowest, so per call a row gets no more than per active block
         # (at batch 1 the last block may emit past the length cut, which only the active mean counts)
         assert row["tokens_per_target_forward"] <= row["tokens_per_active_block"] + 1e-9
+        assert 0 <= row["repeat_share_median"] <= 1 and len(row["accepted_per_block"]) == 4
     assert DECODE_LEGEND in capsys.readouterr().out
+
+
+def test_repeat_share_counts_repeated_eight_grams():
+    from speculative.bench import repeat_share
+
+    # 27 tokens: the 20 generated positions that end an 8-gram; the third period repeats the second (9)
+    assert repeat_share(list(b"abcdefgh" * 3), list(b"xyz")) == pytest.approx(9 / 20)
+    assert repeat_share(list(range(20)), [100]) == 0
+    assert repeat_share(list(b"abcdefgh"), list(b"abcdefgh")) == pytest.approx(1 / 8)
 
 
 def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir, capsys):

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--top-k", type=_int, default=None, help="keep the k likeliest tokens (both models)")
     decode.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest head of mass >= p (both models)")
     decode.add_argument("--batch", type=_ints, default=list(d["batches"]), metavar="B[,B...]", help="batch sizes")
+    decode.add_argument("--prompts", type=_int, default=d["prompts"],
+                        help="held-out prompts decoded per point, in groups of the batch size")
     decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
     decode.add_argument("--repeats", type=_int, default=d["repeats"], help="timed runs per point, after a warm-up")
     decode.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
@@ -143,7 +145,8 @@ def _run_bench_decode(args) -> int:
 
     pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
-                          args.seed, progress=not args.no_progress, top_k=args.top_k, top_p=args.top_p)
+                          args.seed, prompts=args.prompts, progress=not args.no_progress, top_k=args.top_k,
+                          top_p=args.top_p)
     print(format_decode_table(record))
     path = write_record(record, args.out)
     if path:

@@ -24,7 +24,8 @@ from .book import demo_settings  # noqa: F401  (importable from here, as it was 
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 from .timing import Clock, environment, median_call_seconds, synchronize
 
-__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "write_record",
+__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "repeat_share",
+           "write_record",
            "format_sampler_table", "format_decode_table", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
 
@@ -139,12 +140,11 @@ def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
     return out
 
 
-def _forward_costs(pair, batch: int, gammas) -> dict:
+def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
     """Return median seconds of: one draft token, one target token, and target over gamma+1 tokens,
     each call timed alone, back to back, by ``torch.utils.benchmark.Timer``."""
-    from .decode import encode_prompts, prefill
+    from .decode import prefill
 
-    rows = encode_prompts(pair.prompts[:batch])
     device = pair.target.device
     start = torch.tensor([len(r) - 1 for r in rows], device=device)
     token = torch.tensor([[r[-1]] for r in rows], device=device)
@@ -162,6 +162,107 @@ def _forward_costs(pair, batch: int, gammas) -> dict:
     return out
 
 
+@torch.no_grad()
+def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int, repeats: int = 5,
+                    seed: int = 0) -> dict:
+    """Return the median seconds of each step of the decoding loops, timed apart from any decoding run.
+
+    A step is what the loops do per call, not the forward alone: a plain step is one target forward,
+    its NaN check, ``logits_to_probs`` and a sample; a draft step the same with the draft; a verification
+    step at gamma is a target forward over gamma + 1 positions, ``logits_to_probs``, the sampler and the
+    block's one host read; a block at gamma is gamma draft steps followed by a verification step, timed
+    as one unit, since a forward that runs right after another model's forwards finds colder caches than
+    one repeated alone. Each is timed at the middle of a run (half of ``max_new_tokens`` past the
+    prompt), with ``torch.utils.benchmark.Timer``; the steps are interleaved and the whole round is
+    repeated ``repeats`` times, and the median of each is kept, so that drift on a shared machine hits
+    every step alike. Returned, relative to the plain step: c (a draft step), v(gamma) (a block minus its
+    draft steps: the verification as the loop pays for it) and v_alone(gamma) (a verification step
+    repeated alone).
+    """
+    from .decode import _sample, prefill
+    from .transforms import logits_problem, logits_to_probs
+
+    device = pair.target.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    middle = max_new_tokens // 2
+    span = max(len(r) for r in rows) + middle + max(gammas) + 1
+    start = torch.tensor([len(r) - 1 + middle for r in rows], device=device)
+    last = torch.tensor([[r[-1]] for r in rows], device=device)
+    caches = {"target": prefill(pair.target, rows, length=span), "draft": prefill(pair.draft, rows, length=span)}
+    vocab = pair.target.config.vocab_size
+
+    def single(name):
+        model, cache = getattr(pair, name), caches[name]
+
+        def step():
+            logits = model(last, start, cache, span=span, check=False)[:, -1]
+            logits_problem(logits)
+            _sample(logits_to_probs(logits, config, check=False), generator)
+        return step
+
+    def verify(gamma):
+        tokens = last.repeat(1, gamma + 1)
+        draft_probs = torch.full((len(rows), gamma, vocab), 1.0 / vocab, device=device)
+
+        def step():
+            logits = pair.target(tokens, start, caches["target"], span=span, check=False)
+            problem = logits_problem(logits)
+            out = rejection_sample(tokens[:, 1:], draft_probs, logits_to_probs(logits, config, check=False),
+                                   generator, check_values=False)
+            torch.stack([out.num_accepted.sum(), problem.long()]).tolist()  # the block's host read
+        return step
+
+    def block(gamma):  # gamma draft steps, then the verification, as the loop runs them
+        draft_step, verify_step = single("draft"), verify(gamma)
+
+        def step():
+            for _ in range(gamma):
+                draft_step()
+            verify_step()
+        return step
+
+    steps = {"plain": single("target"), "draft": single("draft"),
+             **{f"verify_{g}": verify(g) for g in gammas}, **{f"block_{g}": block(g) for g in gammas}}
+    rounds = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            rounds[name].append(median_call_seconds(step, min_run_time=0.2))
+    seconds = {name: statistics.median(times) for name, times in rounds.items()}
+    plain, draft = seconds["plain"], seconds["draft"]
+    return {"seconds": seconds, "c": draft / plain,
+            # v as the loop pays it: what a block costs beyond its gamma draft steps (the verification
+            # runs right after the draft's forwards, with the caches they leave), and as it costs alone
+            "v": {g: (seconds[f"block_{g}"] - g * draft) / plain for g in gammas},
+            "v_alone": {g: seconds[f"verify_{g}"] / plain for g in gammas}, "repeats": repeats}
+
+
+def repeat_share(tokens: list[int], context: list[int], n: int = 8) -> float:
+    """Return the share of generated positions whose n-gram (the n tokens ending there) already occurred
+    earlier in ``context`` + ``tokens``: how much of an output repeats itself or its prompt. Positions
+    with fewer than n tokens before them in the whole text end no n-gram and are not counted."""
+    text = list(context) + list(tokens)
+    seen, repeated, positions = set(), 0, 0
+    for end in range(n, len(text) + 1):
+        gram = tuple(text[end - n:end])
+        if end > len(context):
+            positions += 1
+            repeated += gram in seen
+        seen.add(gram)
+    return repeated / positions if positions else float("nan")
+
+
+def _interval(plain_seconds: list[float], spec_seconds: list[float], seed: int) -> list[float]:
+    """Return a 95% bootstrap interval (percentile, over groups of prompts) for the pooled speedup."""
+    from scipy.stats import bootstrap
+
+    if len(plain_seconds) < 2:
+        return [float("nan"), float("nan")]
+    result = bootstrap((plain_seconds, spec_seconds), lambda a, b: sum(a) / sum(b), paired=True,
+                       vectorized=False, n_resamples=2000, confidence_level=0.95, method="percentile",
+                       random_state=seed)
+    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+
+
 def bench_decode(
     pair,
     gammas: Iterable[int] = defaults.BENCH_DECODE["gammas"],
@@ -171,6 +272,7 @@ def bench_decode(
     repeats: int = defaults.BENCH_DECODE["repeats"],
     seed: int = defaults.BENCH_DECODE["seed"],
     *,
+    prompts: int = defaults.BENCH_DECODE["prompts"],
     progress: bool = True,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
@@ -178,24 +280,27 @@ def bench_decode(
     """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma).
 
     Runs on the device the pair's weights are on (``pair.target.device``). Every setting is checked
-    before the first run, so a bad one fails at once and no record is written. For each batch size and
-    temperature (with ``top_k`` / ``top_p`` if given), plain decoding and speculative decoding at every
-    gamma run in turn, ``repeats`` times, on the same prompts (the first ``batch`` of the pair's
-    held-out prompts) with the same seed. Reported per point: alpha; tokens per target forward (new
+    before the first run, so a bad one fails at once and no record is written.
+
+    For each batch size b and temperature (with ``top_k`` / ``top_p`` if given), the first ``prompts``
+    held-out prompts are decoded in groups of b: first a calibration (:func:`calibrate_steps`, the
+    loop's steps timed apart from any run), then ``repeats`` rounds in which every group is decoded by
+    plain decoding and by speculative decoding at every gamma, in turn, with the same seed.
+
+    Reported per point: the pooled speedup (all plain decode seconds / all speculative ones, the same
+    tokens), the speedup of each group (per prompt at batch 1) with their median, a 95% bootstrap
+    interval over groups, and the pooled speedup of each repeat; alpha; tokens per target forward (new
     tokens per row / target calls after the prefill, so a batch that waits for its slowest row is
-    charged for it); tokens per active block (accepted + 1, averaged over the blocks where a row was
-    still decoding: what alpha alone predicts); c (seconds per draft forward / seconds per
-    single-position target forward) and v (seconds per verification forward over gamma+1 positions /
-    the same), both timed in situ, where the forwards really run (in the timed runs on a CPU, in one
-    extra run per decoder on CUDA, where timing a forward synchronises the device), with the ratios from
-    forwards timed alone kept beside them; tokens per second for both in the decode phase (all repeats'
-    tokens / all their seconds after the prefill; the mean prefill of each is recorded apart, the
-    speculative one including the draft's); the measured speedup (their ratio); Leviathan et al.'s
-    prediction from alpha and c; the refined figure tokens_per_forward / (gamma c + v); and the
-    efficiency measured / refined. The refined figure uses the same run's alpha, c and v, so it is a
-    decomposition of the measured speedup, not a prediction: pooled this way, the efficiency equals
-    (plain decode seconds / plain forward seconds) / (speculative decode seconds / speculative forward
-    seconds) on a CPU, the share of time each decoder spends outside its forwards.
+    charged for it); tokens per active block; the **prediction** tokens_per_target_forward /
+    (gamma c + v) with c and v from the calibration, and the **efficiency** speedup / prediction. The
+    prediction uses this run's tokens per call but none of its timings. Kept apart, under their own
+    names: c and v timed in situ (every forward timed inside the runs on a CPU, in one extra run on
+    CUDA), the *decomposition* tokens_per_target_forward / (gamma c + v) from them, and the
+    *in-situ share* speedup / decomposition, which on a CPU equals (plain decode seconds / plain forward
+    seconds) / (speculative decode seconds / speculative forward seconds): each side's share of time
+    outside its forwards, not a test of the cost model. Also: the forwards timed alone, the mean
+    prefill of each decoder, and the median share of each speculative output's positions that repeat an
+    8-gram seen before (loops inflate greedy acceptance).
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
@@ -208,119 +313,126 @@ def bench_decode(
     configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
     if not gammas or not temperatures or not batches:
         raise ValueError("gammas, temperatures and batches must each name at least one value")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    for name, value in (("repeats", repeats), ("prompts", prompts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if min(batches) < 1 or min(gammas) < 1:
         raise ValueError("batch sizes and gammas must be >= 1")
-    if max(batches) > len(pair.prompts):
-        raise ValueError(f"batch {max(batches)} needs more prompts than the pair ships ({len(pair.prompts)})")
-    rows_all = encode_prompts(pair.prompts[:max(batches)], pair.target.config.vocab_size)
+    if prompts > len(pair.prompts):
+        raise ValueError(f"{prompts} prompts asked for, but the pair ships {len(pair.prompts)}")
+    if any(prompts % b for b in batches):
+        raise ValueError(f"the number of prompts ({prompts}) must be a multiple of every batch size {batches}")
+    rows_all = encode_prompts(pair.prompts[:prompts], pair.target.config.vocab_size)
     for model in (pair.target, pair.draft):  # the longest run first: fail now, not after an hour
         check_room(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
-    rows = []
-    # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v; on CUDA it
-    # costs a synchronisation per forward, so separate runs do
+    out_rows = []
+    # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v in situ; on
+    # CUDA it costs a synchronisation per forward, so separate runs do
     in_run = device.type != "cuda"
-    total = len(batches) * len(temperatures) * (repeats * (1 + len(gammas)) + 1)
+    total = sum(prompts // b for b in batches) * len(configs) * repeats * (1 + len(gammas))
     bar = tqdm(total=total, desc="decode bench", disable=not progress, file=sys.stderr)
 
-    def run_plain(prompts, config, run_seed, time_forwards):
+    def run(group, gamma, config, run_seed, time_forwards):
         clock = Clock(device, forwards=time_forwards)
         generator = torch.Generator(device=device).manual_seed(run_seed)
-        return plain_decode(pair.target, prompts, max_new_tokens, config, generator, clock=clock)
-
-    def run_spec(prompts, gamma, config, run_seed, time_forwards):
-        clock = Clock(device, forwards=time_forwards)
-        generator = torch.Generator(device=device).manual_seed(run_seed)
-        return speculative_decode(pair.target, pair.draft, prompts, max_new_tokens, gamma, config, generator,
+        if gamma is None:
+            return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
+        return speculative_decode(pair.target, pair.draft, group, max_new_tokens, gamma, config, generator,
                                   clock=clock)
 
-    for batch in batches:
-        prompts = pair.prompts[:batch]
-        costs = _forward_costs(pair, batch, gammas)
-        for config in configs:
-            plain_runs, spec_results = [], {g: [] for g in gammas}
-            warm = torch.Generator(device=device).manual_seed(seed)
-            plain_decode(pair.target, prompts, 8, config, warm)  # warm-up, not timed
-            speculative_decode(pair.target, pair.draft, prompts, 8, gammas[0], config, warm)
-            for repeat in range(repeats):
-                plain_runs.append(run_plain(prompts, config, seed + repeat, in_run))
-                bar.update()
-                for gamma in gammas:
-                    spec_results[gamma].append(run_spec(prompts, gamma, config, seed + repeat, in_run))
-                    bar.update()
-            # the decode phase only: the prompt's prefill (time to first token) is reported apart, since
-            # speculative decoding changes the time per output token, and adds only the draft's prefill
-            plain_seconds = sum(r.seconds - r.prefill_seconds for r in plain_runs)
-            plain_tps = batch * max_new_tokens * repeats / plain_seconds
-            # c and v in situ: every forward timed where it happens, after the prefill
-            timed_plain, timed_spec = plain_runs, spec_results
-            if not in_run:  # one more run of each decoder, same seed, only for the forward times
-                timed_plain = [run_plain(prompts, config, seed, True)]
-                timed_spec = {gamma: [run_spec(prompts, gamma, config, seed, True)] for gamma in gammas}
-            def per_call(runs, name):  # mean seconds of one timed forward of model ``name``
-                return (sum(getattr(r, f"{name}_seconds") for r in runs)
-                        / sum(r.timed_calls[name] for r in runs))
+    def per_call(runs, name):  # mean seconds of one timed forward of model ``name``
+        return sum(getattr(r, f"{name}_seconds") for r in runs) / sum(r.timed_calls[name] for r in runs)
 
+    for batch in batches:
+        groups = [pair.prompts[i:i + batch] for i in range(0, prompts, batch)]
+        costs = _forward_costs(pair, encode_prompts(groups[0]), gammas)
+        for config in configs:
+            calibration = calibrate_steps(pair, encode_prompts(groups[0]), gammas, config, max_new_tokens,
+                                          seed=seed)
+            warm = torch.Generator(device=device).manual_seed(seed)
+            plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
+            speculative_decode(pair.target, pair.draft, groups[0], 8, gammas[0], config, warm)
+            # results[gamma][repeat][group]; gamma None is plain decoding
+            results = {g: [[None] * len(groups) for _ in range(repeats)] for g in [None, *gammas]}
+            for repeat in range(repeats):
+                for index, group in enumerate(groups):
+                    for gamma in [None, *gammas]:
+                        results[gamma][repeat][index] = run(group, gamma, config, seed + repeat, in_run)
+                        bar.update()
+            plain_all = [r for rep in results[None] for r in rep]
+            timed_plain = plain_all if in_run else [run(groups[0], None, config, seed, True)]
             target_call = per_call(timed_plain, "target")
-            in_situ = {gamma: {"c": per_call(timed_spec[gamma], "draft") / target_call,
-                               "v": per_call(timed_spec[gamma], "target") / target_call} for gamma in gammas}
-            bar.update()
+
+            def decode_seconds(r):  # the decode phase only: the prefill (time to first token) is apart
+                return r.seconds - r.prefill_seconds
+
+            plain_group = [sum(decode_seconds(results[None][k][i]) for k in range(repeats))
+                           for i in range(len(groups))]
             for gamma in gammas:
-                results = spec_results[gamma]
-                accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in results])
+                spec_all = [r for rep in results[gamma] for r in rep]
+                timed_spec = spec_all if in_run else [run(groups[0], gamma, config, seed, True)]
+                spec_group = [sum(decode_seconds(results[gamma][k][i]) for k in range(repeats))
+                              for i in range(len(groups))]
+                group_speedups = [p / s for p, s in zip(plain_group, spec_group)]
+                speedup = sum(plain_group) / sum(spec_group)
+                per_repeat = [sum(map(decode_seconds, results[None][k])) / sum(map(decode_seconds, results[gamma][k]))
+                              for k in range(repeats)]
+                accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in spec_all])
                 active = accepted[accepted >= 0].double()
                 alpha = measured_acceptance_rate([accepted], gamma)
-                # what a row gets per target call: the batch waits for its slowest row, so with batch > 1
-                # this is below the mean over active row-blocks (rows that finished early sit idle)
-                blocks = statistics.mean(len(r.accepted) for r in results)
-                tokens_per_forward = max_new_tokens / blocks
-                tokens_per_active_block = float((active + 1).mean())
-                c, v = in_situ[gamma]["c"], in_situ[gamma]["v"]
-                # totals over the repeats, pooled like c and v: the efficiency is then exactly (plain
-                # seconds / its forward seconds) / (speculative seconds / its forward seconds), each side's
-                # own overhead, and a slow spell of a shared machine that stretches a run's forwards
-                # stretches its total alike
-                spec_seconds = sum(r.seconds - r.prefill_seconds for r in results)
-                spec_tps = batch * max_new_tokens * repeats / spec_seconds
-                measured = spec_tps / plain_tps
-                leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c + 1)
-                refined = tokens_per_forward / (gamma * c + v)
-                rows.append({
+                tokens_per_forward = max_new_tokens * len(spec_all) / sum(len(r.accepted) for r in spec_all)
+                c_cal, v_cal = calibration["c"], calibration["v"][gamma]
+                predicted = tokens_per_forward / (gamma * c_cal + v_cal)
+                c, v = per_call(timed_spec, "draft") / target_call, per_call(timed_spec, "target") / target_call
+                decomposed = tokens_per_forward / (gamma * c + v)
+                leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c_cal + 1)
+                tokens = batch * max_new_tokens * repeats * len(groups)
+                first = results[gamma][0]
+                out_rows.append({
                     "batch": batch, "temperature": config.temperature, "gamma": gamma,
+                    "prompts": prompts, "groups": len(groups), "repeats": repeats,
+                    "speedup": speedup, "speedup_ci95": _interval(plain_group, spec_group, seed),
+                    "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
+                    "speedup_per_repeat": per_repeat,
+                    "predicted": predicted, "efficiency": speedup / predicted,
+                    "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"][gamma]},
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
-                    "tokens_per_active_block": tokens_per_active_block, "blocks": blocks, "c": c, "v": v,
-                    "plain_tokens_per_s": plain_tps, "speculative_tokens_per_s": spec_tps,
-                    "speedup": measured, "predicted_leviathan": leviathan, "predicted_refined": refined,
-                    "efficiency": measured / refined,
-                    # totals over the repeats (forward seconds from the runs that timed them)
-                    "plain_seconds": plain_seconds, "speculative_seconds": spec_seconds,
-                    "plain_prefill_seconds": sum(r.prefill_seconds for r in plain_runs) / repeats,
-                    "speculative_prefill_seconds": sum(r.prefill_seconds for r in results) / repeats,
+                    "tokens_per_active_block": float((active + 1).mean()),
+                    "plain_tokens_per_s": tokens / sum(plain_group),
+                    "speculative_tokens_per_s": tokens / sum(spec_group),
+                    "predicted_leviathan": leviathan,
+                    # in situ: the same run's own forward timings; a decomposition, not a prediction
+                    "c": c, "v": v, "decomposed_speedup": decomposed, "in_situ_share": speedup / decomposed,
+                    "plain_seconds": sum(plain_group), "speculative_seconds": sum(spec_group),
                     "plain_forward_seconds": sum(r.target_seconds for r in timed_plain),
-                    "speculative_forward_seconds": sum(r.target_seconds + r.draft_seconds for r in timed_spec[gamma]),
-                    # the same ratios from forwards timed alone, back to back (warm caches): for comparison
+                    "speculative_forward_seconds": sum(r.target_seconds + r.draft_seconds for r in timed_spec),
+                    "plain_prefill_seconds": statistics.mean(r.prefill_seconds for r in plain_all),
+                    "speculative_prefill_seconds": statistics.mean(r.prefill_seconds for r in spec_all),
+                    # the forwards timed alone, back to back (warm caches): for comparison
                     "c_isolated": costs["draft_1"] / costs["target_1"],
                     "v_isolated": costs[f"target_{gamma + 1}"] / costs["target_1"],
-                    "forward_costs_s": costs,
-                    # per row of the first repeat: accepted drafts in each block, -1 once the row is done
-                    "accepted_per_block": torch.stack(results[0].accepted).T.tolist(),
+                    "forward_costs_s": costs, "calibration_s": calibration["seconds"],
+                    "repeat_share_median": statistics.median(
+                        repeat_share(row, prompt) for result, group in zip(first, groups)
+                        for row, prompt in zip(result.tokens, group)),
+                    # per prompt of the first repeat: accepted drafts in each block, -1 once the row is done
+                    "accepted_per_block": [seq for result in first for seq in torch.stack(result.accepted).T.tolist()],
                 })
     bar.close()
     return {
         "benchmark": "decode",
         "what": "plain vs speculative decoding, side by side, same prompts and seeds; decode phase (after the "
-                "prefill), totals over repeats",
+                "prefill), totals over repeats; prediction from a separate calibration of the loop's steps",
         "environment": environment(device),
         "pair_sha256": pair.sha256,
         "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",
                                           "draft_parameters") if k in pair.info},
         "prompts_sha256": _prompts_hash(pair.prompts),
-        "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches,
+        "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches, "prompts": prompts,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
                    "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.token_embedding.weight.dtype)},
-        "results": rows,
+        "results": out_rows,
     }
 
 
@@ -334,27 +446,30 @@ def _prompts_hash(prompts) -> str:
 
 
 DECODE_LEGEND = (
-    "alpha: accepted / tested drafts; tok/fwd: new tokens per row per target call; c: draft forward / target "
-    "forward (in situ); v: verification forward over gamma+1 positions / target forward; tok/s: decode-phase "
-    "tokens per second (prefill excluded); speedup: spec / plain tok/s, same run; pred.: Leviathan et al. "
-    "from alpha and c; refined: tok/fwd / (gamma c + v), from this run's own figures (a decomposition, not a "
-    "prediction); effic.: speedup / refined")
+    "alpha: accepted / tested drafts; tok/fwd: new tokens per row per target call; speedup: plain / speculative "
+    "decode-phase seconds, pooled over prompts and repeats, with its 95% bootstrap interval over groups of "
+    "prompts and the median over groups; c, v: a draft step and a verification step over gamma+1 positions, "
+    "relative to a plain step, calibrated apart from the runs; pred.: tok/fwd / (gamma c + v); effic.: "
+    "speedup / pred. A v below 1 (a step over gamma+1 positions cheaper than over one) is timing noise.")
 
 
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None) -> str:
     """Return the decode record (optionally one batch size or one gamma) as a plain-text table, with a legend."""
-    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'c':>6} {'v':>5} {'plain tok/s':>11} "
-             f"{'spec tok/s':>10} {'speedup':>7} {'pred.':>6} {'refined':>7} {'effic.':>6}"]
+    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'speedup':>7} {'95% interval':>13} "
+             f"{'median':>6} {'c':>6} {'v':>5} {'pred.':>6} {'effic.':>6}"]
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
+        low, high = row["speedup_ci95"]
+        interval = f"{low:.2f}-{high:.2f}" if low == low else "(one group)"
         lines.append(f"{row['batch']:>5} {row['temperature']:>4g} {row['gamma']:>5} {row['alpha']:>6.3f} "
-                     f"{row['tokens_per_target_forward']:>7.2f} {row['c']:>6.3f} {row['v']:>5.2f} "
-                     f"{row['plain_tokens_per_s']:>11.0f} {row['speculative_tokens_per_s']:>10.0f} "
-                     f"{row['speedup']:>6.2f}x {row['predicted_leviathan']:>5.2f}x "
-                     f"{row['predicted_refined']:>6.2f}x {row['efficiency']:>6.2f}")
+                     f"{row['tokens_per_target_forward']:>7.2f} {row['speedup']:>6.2f}x {interval:>13} "
+                     f"{row['speedup_median']:>5.2f}x {row['calibration']['c']:>6.3f} {row['calibration']['v']:>5.2f} "
+                     f"{row['predicted']:>5.2f}x {row['efficiency']:>6.2f}")
     env = record["environment"]
+    config = record["config"]
     lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
-                 f"{env['threads']} threads; pair {record['pair_sha256'][:12]}")
+                 f"{env['threads']} threads; pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, "
+                 f"{config['repeats']} repeats, {config['max_new_tokens']} new tokens each")
     lines.append(DECODE_LEGEND)
     return "\n".join(lines)

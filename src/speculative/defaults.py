@@ -25,16 +25,18 @@ DRAFT_SECONDS = 720.0
 DISTILL_WEIGHT = 0.8
 TRAIN_SEED = 0
 
-#: ``bench decode``: draft lengths, temperatures, batch sizes, tokens per row, timed repeats, seed.
-BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16),
-                "max_new_tokens": 128, "repeats": 5, "seed": 0}
+#: ``bench decode``: draft lengths, temperatures, batch sizes, prompts decoded per point (in groups of the
+#: batch size), tokens per row, timed repeats, seed.
+BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16), "prompts": 32,
+                "max_new_tokens": 128, "repeats": 2, "seed": 0}
 #: ``bench sampler``: batch sizes, vocabularies, drafted tokens per row, timed repeats, seed.
 BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 5, "seed": 0}
 
 #: What a chapter runs live: small on a CPU; the benchmark's own settings at full scale (a GPU, or
 #: SPECULATIVE_SCALE=full), with fewer repeats since a chapter shows a run, not a record.
-DEMO_SMALL = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "max_new_tokens": 64,
+DEMO_SMALL = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 8, "max_new_tokens": 64,
               "repeats": 1, "distribution_rows": 6_000, "task_rows": 96}
 DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_DECODE["temperatures"]),
-             "batches": list(BENCH_DECODE["batches"]), "max_new_tokens": BENCH_DECODE["max_new_tokens"],
-             "repeats": 3, "distribution_rows": 24_000, "task_rows": 256}
+             "batches": list(BENCH_DECODE["batches"]), "prompts": BENCH_DECODE["prompts"],
+             "max_new_tokens": BENCH_DECODE["max_new_tokens"], "repeats": BENCH_DECODE["repeats"],
+             "distribution_rows": 24_000, "task_rows": 256}
