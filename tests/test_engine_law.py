@@ -91,7 +91,7 @@ def _paths(logs, gamma):
 
 @pytest.mark.parametrize("gamma", [4, 1])
 def test_eight_tokens_follow_their_exact_law(pair, gamma):
-    prompt, length, rows = pair.prompts[1], 8, 6_000
+    prompt, length, rows = pair.prompts[1], 8, 4_500
     law = _law(pair, prompt, TOP2, length)
 
     def decode(prompts, n, generator):
