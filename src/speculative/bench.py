@@ -320,6 +320,9 @@ def bench_decode(
         raise ValueError("batch sizes and gammas must be >= 1")
     if prompts > len(pair.prompts):
         raise ValueError(f"{prompts} prompts asked for, but the pair ships {len(pair.prompts)}")
+    if max(batches) > prompts:
+        raise ValueError(f"batch {max(batches)} needs more prompts than the {prompts} decoded per point "
+                         f"(--prompts; the pair ships {len(pair.prompts)})")
     if any(prompts % b for b in batches):
         raise ValueError(f"the number of prompts ({prompts}) must be a multiple of every batch size {batches}")
     rows_all = encode_prompts(pair.prompts[:prompts], pair.target.config.vocab_size)
