@@ -21,7 +21,7 @@ help:
 	@echo "make book   install, then build the HTML site (every chapter executed, warnings = errors) when any"
 	@echo "            chapter, book page, config, library file or record changed since the last build"
 	@echo "make test   make book, then ruff and pytest (library, chapter pairs, the built site)"
-	@echo "make sync   re-pair notebooks/*.ipynb from notebooks/*.md with jupytext"
+	@echo "make sync   write each chapter's Colab edition, notebooks/*.ipynb, from notebooks/*.md"
 	@echo "make clean  remove the build (the next make book builds from scratch)"
 
 # one line, and exit 1, when a Python is older than the pins allow
@@ -59,7 +59,7 @@ test: book lint
 	$(PY) -m pytest
 
 sync: $(INSTALLED)
-	$(VENV)/bin/jupytext --to ipynb --update notebooks/[0-9]*.md
+	$(PY) -m speculative.colab notebooks/[0-9]*.md
 
 clean:
 	rm -rf _build

@@ -37,11 +37,13 @@ def test_glue_hands_myst_nb_text_for_fractions_and_numbers_for_scalars(monkeypat
     assert stored["scalar"] == (0.25, False) and type(stored["scalar"][0]) is float
 
 
-def test_glue_without_myst_nb_does_nothing_and_does_not_fail(monkeypatch):
+def test_glue_without_myst_nb_prints_the_value_and_does_not_fail(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "myst_nb", None)  # importing it now raises ImportError
     with pytest.raises(ImportError):
         import myst_nb  # noqa: F401
     assert glue("x", F(1, 2)) is None
+    glue("speedup", 1.534567)
+    assert capsys.readouterr().out == "x = 1/2\nspeedup = 1.535\n"
 
 
 def test_results_are_found_from_a_chapter_or_the_root(monkeypatch, tmp_path):

@@ -4,9 +4,12 @@ import re
 from pathlib import Path
 
 import jupytext
+import nbformat
 import pytest
 import yaml
-from jupytext.compare import compare_notebooks
+
+from speculative import colab
+from speculative.colab import MYST_LEFT, colab_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
@@ -31,15 +34,30 @@ def test_there_are_chapters():
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
-def test_ipynb_pair_is_in_sync(md):
+def test_colab_edition_is_in_sync_and_free_of_myst(md):
     ipynb = md.with_suffix(".ipynb")
     assert ipynb.exists(), f"{ipynb.name} is missing: run `make sync`"
-    source, paired = jupytext.read(md), jupytext.read(ipynb)
-    compare_notebooks(paired, source, fmt="md:myst")  # raises on any difference in cells or metadata
-    for cell in paired.cells:
+    expected, committed = colab_notebook(md), nbformat.read(ipynb, as_version=4)
+    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in expected.cells], \
+        f"{ipynb.name} is out of date: run `make sync`"
+    assert [c.source for c in committed.cells if c.cell_type == "code"] == [
+        c.source for c in jupytext.read(md).cells if c.cell_type == "code"]  # the code is the chapter's, exactly
+    for cell in committed.cells:
         if cell.cell_type == "code":
             assert not cell.get("outputs"), f"{ipynb.name} is committed with outputs"
             assert cell.get("execution_count") is None
+        else:
+            assert not MYST_LEFT.search(cell.source), f"{ipynb.name} shows raw MyST: {cell.source[:200]}"
+
+
+def test_the_converter_rewrites_every_role():
+    text = ("p = {glue:text}`alpha:.3f`, see {doc}`02_derivation` and the {doc}`notation page <../book/notation>`, "
+            "{cite:t}`leviathan2023fast`, {eq}`eq-cost`, {numref}`fig-x`\n$$ (eq-cost)")
+    out = colab._markdown(text, colab._bibliography(), "https://example.org/repo")
+    assert not colab.MYST_LEFT.search(out)
+    assert "`alpha`" in out and "[02_derivation](02_derivation.ipynb)" in out
+    assert "[notation page](https://example.org/repo/blob/main/book/notation.md)" in out
+    assert "Leviathan et al. (2023)" in out and out.endswith("\n$$")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)

@@ -2,7 +2,8 @@
 
 Explained in: book/intro (how the book is built). Every number in the prose is glued from a cell with
 MyST-NB's ``glue``; outside a book build (in Colab, say) ``myst_nb`` may be missing, and :func:`glue`
-then does nothing, so the chapter still runs. Chapters import these instead of keeping copies.
+then prints ``name = value`` under the cell, which is where a Colab edition's text points the reader.
+Chapters import these instead of keeping copies.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def glue(name: str, value, display: bool = False) -> None:
         shown = Shown(as_text(value))
     try:
         from myst_nb import glue as myst_glue
-    except ImportError:  # not building the book: nothing to store
+    except ImportError:  # not building the book (a Colab edition, say): show the value where it is computed
+        print(f"{name} = {shown:.4g}" if isinstance(shown, float) else f"{name} = {shown}")
         return
     myst_glue(name, shown, display=display)
 

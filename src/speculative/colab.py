@@ -1,0 +1,94 @@
+"""The Colab edition of a chapter: its MyST source turned into a notebook that plain Jupyter renders.
+
+Explained in: book/intro (run it in Colab). Colab shows a notebook's Markdown as plain Markdown, so the
+MyST roles of the book (``{glue:text}``, ``{doc}``, ``{cite:t}``, ``{eq}``, ``{numref}``) and equation
+labels would appear raw. :func:`colab_notebook` rewrites them: a glued number becomes the name of the
+value in code font (the cell that computes it prints ``name = value`` there, see :func:`book.glue`), a
+chapter reference a link to its notebook, a citation its authors and year, linked where the
+bibliography has an address, and an equation label is dropped. Code cells are kept exactly.
+``make sync`` writes every edition (``python -m speculative.colab notebooks/NN_*.md``); a test
+regenerates them and compares.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["colab_notebook", "MYST_LEFT", "write_editions"]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: What must not survive in a Colab edition's Markdown: a MyST role or directive.
+MYST_LEFT = re.compile(r"\{[a-z]+(:[a-z]+)?\}`|^(```|:::)\{", re.MULTILINE)
+_NOTE = ("*This is the Colab edition of a chapter of* Speculative Sampling, Exactly. *Numbers that the book's "
+         "text shows are printed here by the cells that compute them, as `name = value`; the text names them "
+         "in code font.*")
+
+
+def _bibliography() -> dict[str, str]:
+    """Return each reference key as 'Authors (year)', linked when the entry has a url."""
+    text = (ROOT / "book" / "references.bib").read_text()
+    out = {}
+    for entry in re.split(r"\n(?=@)", text):
+        key = re.match(r"@\w+\{([^,]+),", entry.strip())
+        if not key:
+            continue
+        field = {name: value for name, value in re.findall(r"(\w+)\s*=\s*\{(.*?)\},?\s*$", entry, re.MULTILINE)}
+        authors = [a.strip().strip("{}") for a in field.get("author", "").split(" and ") if a.strip()]
+        surname = authors[0].split(",")[0] if authors else key.group(1)
+        others = {0: "", 1: "", 2: f" and {authors[-1].split(',')[0]}"}.get(len(authors), " et al.")
+        who = surname + others
+        label = f"{who} ({field.get('year', 'n.d.')})"
+        out[key.group(1)] = f"[{label}]({field['url']})" if "url" in field else label
+    return out
+
+
+def _markdown(text: str, references: dict[str, str], repository: str) -> str:
+    def doc(match):
+        label, target = match.group(2), match.group(3)
+        name = target.split("/")[-1]
+        href = f"{name}.ipynb" if "/" not in target else f"{repository}/blob/main/{target.lstrip('./')}.md"
+        return f"[{label or name}]({href})"
+
+    def cite(match):
+        return "; ".join(references.get(key.strip(), key.strip()) for key in match.group(2).split(","))
+
+    text = re.sub(r"\{glue:text\}`([^`:]+)(:[^`]*)?`", r"`\1`", text)
+    text = re.sub(r"\{doc\}`(([^`<]*?) <)?([^`<>]+)>?`", doc, text)
+    text = re.sub(r"\{cite:(t|p)\}`([^`]+)`", cite, text)
+    text = re.sub(r"\{eq\}`([^`]+)`", r"equation `\1`", text)
+    text = re.sub(r"\{numref\}`([^`]+)`", r"the figure `\1`", text)
+    return re.sub(r"^\$\$ \([\w-]+\)$", "$$", text, flags=re.MULTILINE)
+
+
+def colab_notebook(md_path: Path):
+    """Return the Colab edition (an nbformat notebook, no outputs) of the MyST chapter at ``md_path``."""
+    import jupytext
+    import nbformat
+    import yaml
+
+    notebook = jupytext.read(md_path)
+    repository = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    references = _bibliography()
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _markdown(cell.source, references, repository)
+    notebook.cells.insert(1, nbformat.v4.new_markdown_cell(_NOTE))
+    notebook.metadata.pop("jupytext", None)
+    return notebook
+
+
+def write_editions(paths) -> None:
+    """Write each chapter's Colab edition beside it (``NN_name.ipynb``)."""
+    import nbformat
+
+    for path in map(Path, paths):
+        notebook = colab_notebook(path)
+        for index, cell in enumerate(notebook.cells):  # fixed ids, so that a rewrite changes nothing
+            cell.id = f"cell-{index}"
+        nbformat.write(notebook, path.with_suffix(".ipynb"), version=4)
+
+
+if __name__ == "__main__":
+    write_editions(sys.argv[1:])
