@@ -72,6 +72,27 @@ def test_install_cell_agrees_with_config(md):
     assert found == [(url, branch)], f"install cell installs {found}, _config.yml says {(url, branch)}"
 
 
+def test_repository_url_is_one_setting():
+    url = CONFIG["repository"]["url"].rstrip("/")
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["repository-code"] == url, "CITATION.cff disagrees with _config.yml: run `make sync`"
+    for md in CHAPTERS:  # publishing the URL again changes nothing
+        assert colab._INSTALL_CELL.search(md.read_text()), md.name
+
+
+def test_install_cell_prints_one_line_when_pip_fails(monkeypatch, capsys):
+    import importlib.util
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as on a fresh runtime
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a) or subprocess.CompletedProcess(a, 1))
+    exec(colab.install_cell("https://example.invalid/repo", "main"), {})
+    out = capsys.readouterr().out
+    assert calls and "git+https://example.invalid/repo@main" in calls[0][0]
+    assert out.count("\n") == 1 and "pip install git+https://example.invalid/repo@main" in out
+
+
 def test_toc_lists_every_chapter_and_only_existing_files():
     listed = set(_toc_files(TOC))
     for entry in listed:

@@ -80,17 +80,19 @@ def demo_settings(device: str) -> dict:
 
 
 def results_dir() -> Path:
-    """Return the repository's ``results/`` folder, from a chapter (``notebooks/``) or from the root.
+    """Return the folder of recorded runs: the repository's ``results/`` when a chapter runs in a checkout
+    (``notebooks/``) or from its root, else the copy installed inside the package (a wheel, Colab).
 
-    Raise FileNotFoundError, saying where it looked, when neither holds it (a Colab copy run alone).
+    Raise FileNotFoundError, saying where it looked, when none holds them.
     """
-    candidates = [Path.cwd() / "results", Path.cwd().parent / "results",
-                  Path(__file__).resolve().parents[2] / "results"]
+    package = Path(__file__).resolve().parent
+    candidates = [Path.cwd() / "results", Path.cwd().parent / "results", package.parents[1] / "results",
+                  package / "results"]
     for folder in candidates:
-        if folder.is_dir():
+        if folder.is_dir() and any(folder.glob("*.json")):
             return folder
-    raise FileNotFoundError("no results/ folder in " + ", ".join(str(c) for c in candidates) +
-                            ": the recorded runs live in the repository (clone it, or run the benchmark)")
+    raise FileNotFoundError("no recorded runs in " + ", ".join(str(c) for c in candidates) +
+                            ": reinstall the package, or record one with `python -m speculative bench`")
 
 
 def load_record(name: str) -> dict:

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["colab_notebook", "MYST_LEFT", "write_editions"]
+__all__ = ["colab_notebook", "install_cell", "MYST_LEFT", "publish_repository", "write_editions"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What must not survive in a Colab edition's Markdown: a MyST role or directive.
@@ -79,6 +79,59 @@ def colab_notebook(md_path: Path):
     return notebook
 
 
+#: The hidden first cell of every chapter, opened by this line.
+INSTALL_HEAD = "# Install the book's library when it is missing (a fresh Colab runtime); a local build already has it."
+_INSTALL_CELL = re.compile(r"(```\{code-cell\} ipython3\n:tags: \[remove-cell\]\n\n)" + re.escape(INSTALL_HEAD) +
+                           r"\n.*?(?=\n```\n)", re.DOTALL)
+
+
+def install_cell(url: str, branch: str) -> str:
+    """Return the source of the install cell for the repository at ``url`` (branch ``branch``).
+
+    When pip cannot install, it prints one line that says what to run, instead of pip's traceback.
+    """
+    source = f"git+{url.rstrip('/')}@{branch}"
+    return (f"{INSTALL_HEAD}\n"
+            "import importlib.util, subprocess, sys\n"
+            'if importlib.util.find_spec("speculative") is None:\n'
+            f'    SOURCE = "{source}"\n'
+            '    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", SOURCE],\n'
+            "                      capture_output=True).returncode != 0:\n"
+            "        print(\"Could not install the book's library: run  pip install \" + SOURCE + \"  then restart.\")")
+
+
+def _repository() -> tuple[str, str]:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    return config["url"].rstrip("/"), config.get("branch", "main")
+
+
+def publish_repository(paths) -> list[Path]:
+    """Write ``_config.yml``'s repository URL into each chapter's install cell and into ``CITATION.cff``.
+
+    The URL is one setting: the launch buttons read it from ``_config.yml``; this copies it to the two
+    places that cannot read it. Return the files it changed.
+    """
+    url, branch = _repository()
+    changed = []
+    for path in map(Path, paths):
+        text = path.read_text()
+        if not _INSTALL_CELL.search(text):
+            raise ValueError(f"{path.name}: no install cell opening with {INSTALL_HEAD!r}")
+        new = _INSTALL_CELL.sub(lambda m: m.group(1) + install_cell(url, branch), text, count=1)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    citation = ROOT / "CITATION.cff"
+    text = citation.read_text()
+    new = re.sub(r'^repository-code: .*$', f'repository-code: "{url}"', text, flags=re.MULTILINE)
+    if new != text:
+        citation.write_text(new)
+        changed.append(citation)
+    return changed
+
+
 def write_editions(paths) -> None:
     """Write each chapter's Colab edition beside it (``NN_name.ipynb``)."""
     import nbformat
@@ -91,4 +144,5 @@ def write_editions(paths) -> None:
 
 
 if __name__ == "__main__":
+    publish_repository(sys.argv[1:])
     write_editions(sys.argv[1:])
