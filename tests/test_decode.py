@@ -139,6 +139,27 @@ def test_completion_bits_per_byte_matches_a_direct_computation():
         evaluate.completion_bits_per_byte(model, [b"a", b"b"], [[1]])
 
 
+def test_identifier_tasks_cut_inside_an_identifier_and_score_exact_completions():
+    text = b"".join(b"value_%03d = %d\n" % (i, i) for i in range(60))  # 60 distinct 9-byte identifiers
+    tasks = evaluate.identifier_tasks(text, 5, context=40, typed=2, seed=1)
+    assert len({t.prompt for t in tasks}) == len(tasks) == 5  # no identifier drawn twice
+    for task in tasks:
+        assert len(task.prompt) == 40 and task.prompt.endswith(b"\nva")
+        whole = task.prompt[-2:] + task.answer  # the two typed bytes, then the rest
+        assert len(whole) == 9 and whole.startswith(b"value_") and whole + b" = " in text
+    task = evaluate.IdentifierTask(b"def co", b"mpute_total")
+    score = evaluate.identifier_exact_match
+    assert score([task], [list(b"mpute_total(x")]).tolist() == [True]
+    assert score([task], [list(b"mpute_totals")]).tolist() == [False]  # went past the identifier
+    assert score([task], [list(b"mpute_tot")]).tolist() == [False]  # stopped inside it: no verdict is a miss
+    assert score([task], [list(b"mpute_total")]).tolist() == [False]  # no byte after it: may go on
+    assert score([task], [list(b"mpute")]).tolist() == [False]
+    with pytest.raises(ValueError, match="completions"):
+        score([task, task], [[1]])
+    with pytest.raises(ValueError, match="identifiers"):
+        evaluate.identifier_tasks(text, 10_000, context=40)
+
+
 def test_demo_scale_is_read_in_one_place(monkeypatch):
     from speculative.book import demo_settings
 

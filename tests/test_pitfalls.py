@@ -103,8 +103,12 @@ def test_diff_from_correct_shows_only_the_changed_lines():
         assert pitfalls.diff_from_correct(pitfall.exact).strip(), pitfall.key
 
 
-def test_batched_typical_acceptance_has_the_exact_wrong_law():
-    sampler = pitfalls.typical_acceptance_sampler()
+@pytest.mark.parametrize("key, make", [("typical_acceptance", pitfalls.typical_acceptance_sampler),
+                                       ("resample_from_target", pitfalls.resample_from_target_sampler)])
+def test_batched_mistakes_have_their_exact_wrong_law(key, make):
+    # 20,000 draws; at the false-alarm rate of stats (1e-6) the first assert fails by chance once in a million
+    # runs, and the second has power above 0.999 against the TV of 0.15 (or more) that each entry has here
+    sampler = make()
     gen = torch.Generator().manual_seed(31)
     n = 20_000
     p = torch.tensor([float(v) for v in SEED_P], dtype=torch.float64)
@@ -112,5 +116,5 @@ def test_batched_typical_acceptance_has_the_exact_wrong_law():
     drafts = torch.multinomial(q, n, replacement=True, generator=gen).unsqueeze(1)
     out = sampler(drafts, q.expand(n, 1, 3), p.expand(n, 2, 3), gen)
     counts = stats.counts_of(out.tokens[:, 0], 4)
-    assert not stats.goodness_of_fit(counts, pitfalls.find("typical_acceptance").exact_law()).rejects()
+    assert not stats.goodness_of_fit(counts, pitfalls.find(key).exact_law()).rejects()
     assert stats.goodness_of_fit(counts, extend(SEED_P)).rejects()

@@ -117,3 +117,19 @@ def test_two_sample_test_accepts_same_law_and_rejects_another():
     assert different.rejects()
     with pytest.raises(ValueError, match="differ in length"):
         stats.two_sample_test([1, 2], [1, 2, 3])
+
+
+def test_detectable_difference_has_the_stated_power():
+    # simulate the two-proportion test at the gap it names: it must reject at about the stated power
+    rng = np.random.default_rng(7)
+    rate, n = 0.2, 800
+    gap = stats.detectable_difference(rate, n, level=0.05, power=0.8)
+    rejected = 0
+    trials = 2000
+    for _ in range(trials):
+        a, b = rng.binomial(n, rate - gap / 2), rng.binomial(n, rate + gap / 2)
+        rejected += stats.two_sample_test([a, n - a], [b, n - b]).p_value < 0.05
+    # 2000 trials: the share's standard error is 0.009, so 0.75-0.85 fails by chance about once in 1e7
+    assert 0.75 < rejected / trials < 0.85
+    with pytest.raises(ValueError, match="rate"):
+        stats.detectable_difference(0.0, 10)

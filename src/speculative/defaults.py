@@ -35,8 +35,8 @@ BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 
 #: What a chapter runs live: small on a CPU; the benchmark's own settings at full scale (a GPU, or
 #: SPECULATIVE_SCALE=full), with fewer repeats since a chapter shows a run, not a record.
 DEMO_SMALL = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 64,
-              "repeats": 1, "distribution_rows": 6_000, "task_rows": 96}
+              "repeats": 1, "distribution_rows": 6_000, "task_rows": 512}
 DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_DECODE["temperatures"]),
              "batches": list(BENCH_DECODE["batches"]), "prompts": BENCH_DECODE["prompts"],
              "max_new_tokens": BENCH_DECODE["max_new_tokens"], "repeats": BENCH_DECODE["repeats"],
-             "distribution_rows": 24_000, "task_rows": 256}
+             "distribution_rows": 24_000, "task_rows": 4096}

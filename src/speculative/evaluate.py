@@ -9,6 +9,9 @@ and :func:`transforms.logits_to_probs`.
 
 from __future__ import annotations
 
+import random
+import re
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -17,7 +20,8 @@ from .decode import Prompt, _padded, encode_prompts
 from .model import GPT
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["exact_two_byte_law", "exact_sequence_law", "completion_bits_per_byte"]
+__all__ = ["exact_two_byte_law", "exact_sequence_law", "completion_bits_per_byte", "IdentifierTask",
+           "identifier_tasks", "identifier_exact_match"]
 
 
 @torch.no_grad()
@@ -100,3 +104,54 @@ def completion_bits_per_byte(target: GPT, prompts: Sequence[Prompt],
             -1, torch.tensor(list(completion), device=device).unsqueeze(1))
         out.append(-picked.mean() / torch.log(torch.tensor(2.0, dtype=torch.float64)))
     return torch.stack(out)
+
+
+_IDENTIFIER = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class IdentifierTask:
+    """Complete the identifier that ``prompt`` ends inside of: the right answer is ``answer``."""
+
+    prompt: bytes
+    answer: bytes
+
+
+def identifier_tasks(text: bytes, count: int, context: int = 96, typed: int = 2, min_length: int = 6,
+                     max_length: int = 14, seed: int = 0) -> list[IdentifierTask]:
+    """Return ``count`` identifier-completion tasks drawn from ``text`` (use held-out text).
+
+    Each task is an identifier of ``min_length`` to ``max_length`` bytes whose first ``typed`` bytes end
+    the prompt (``context`` bytes in all): the completion must supply the rest of that identifier, and
+    nothing more, as a code editor's completion would. Chosen at random by ``seed``, without repeats.
+    """
+    if not 0 < typed < min_length <= max_length:
+        raise ValueError(f"need 0 < typed < min_length <= max_length, got {typed}, {min_length}, {max_length}")
+    found = [m for m in _IDENTIFIER.finditer(text)
+             if m.start() >= context - typed and min_length <= len(m.group()) <= max_length]
+    if len(found) < count:
+        raise ValueError(f"text has {len(found)} identifiers of {min_length}-{max_length} bytes, {count} asked for")
+    chosen = sorted(random.Random(seed).sample(range(len(found)), count))
+    tasks = []
+    for index in chosen:
+        match = found[index]
+        cut = match.start() + typed
+        tasks.append(IdentifierTask(text[cut - context:cut], match.group()[typed:]))
+    return tasks
+
+
+def identifier_exact_match(tasks: Sequence[IdentifierTask], completions: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Return one bool per task: does the completion finish the identifier exactly?
+
+    The completed identifier is the completion's leading run of identifier bytes; it must equal the
+    answer and be followed by a byte that ends it (a completion still inside the identifier when it
+    stops does not count).
+    """
+    if len(tasks) != len(completions):
+        raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+    hits = []
+    for task, tokens in zip(tasks, completions):
+        out = bytes(tokens)
+        run = re.match(rb"[A-Za-z0-9_]*", out).group()
+        hits.append(run == task.answer and len(run) < len(out))
+    return torch.tensor(hits, dtype=torch.bool)

@@ -30,7 +30,7 @@ from .rule import normalized_residual, residual, validate_pair
 from .transforms import SamplingConfig, exact_transform
 
 __all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "find", "diff_from_correct",
-           "typical_acceptance_sampler",
+           "typical_acceptance_sampler", "resample_from_target_sampler",
            "SEED_P", "SEED_Q"]
 
 SEED_P = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5))
@@ -545,16 +545,19 @@ def diff_from_correct(function) -> str:
 # --------------------------------------------------------------------------- batched, for real decoding
 
 
-def typical_acceptance_sampler(epsilon: float = float(TYPICAL_EPSILON)) -> Callable:
-    """Return a batched verification rule with ``rejection_sample``'s signature that makes the typical-
-    acceptance mistake (entry "typical_acceptance"): keep a draft while p(x) >= epsilon, and on the first
-    draft below it emit a token drawn from p. Fast and plausible, but not the target's distribution."""
+def _batched_rule(keep_drafts: Callable) -> Callable:
+    """Return a verification rule with ``rejection_sample``'s signature that keeps the first drafts for
+    which ``keep_drafts(p_drafted, q_drafted, generator)`` is True and, at the first draft it does not
+    keep (or after all of them), emits a token drawn from the target's p at that position. Every
+    mistake built this way draws its last token from p, never from the residual."""
     from .sampler import SamplerOutput
 
     def sample(draft_tokens, draft_probs, target_probs, generator, check_values=True):
         batch, k = draft_tokens.shape
-        p_drafted = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-        num_accepted = (p_drafted >= epsilon).long().cumprod(dim=-1).sum(dim=-1)  # (B,)
+        index = draft_tokens.unsqueeze(-1)
+        p_drafted = target_probs[:, :k].gather(-1, index).squeeze(-1)
+        q_drafted = draft_probs.gather(-1, index).squeeze(-1)
+        num_accepted = keep_drafts(p_drafted, q_drafted, generator).long().cumprod(dim=-1).sum(dim=-1)  # (B,)
         rows = torch.arange(batch, device=draft_tokens.device)
         final = torch.multinomial(target_probs[rows, num_accepted].float(), 1, generator=generator).squeeze(1)
         positions = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
@@ -564,3 +567,23 @@ def typical_acceptance_sampler(epsilon: float = float(TYPICAL_EPSILON)) -> Calla
         return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
 
     return sample
+
+
+def typical_acceptance_sampler(epsilon: float = float(TYPICAL_EPSILON)) -> Callable:
+    """Return a batched verification rule with ``rejection_sample``'s signature that makes the typical-
+    acceptance mistake (entry "typical_acceptance"): keep a draft while p(x) >= epsilon, and on the first
+    draft below it emit a token drawn from p. Fast and plausible, but not the target's distribution."""
+    return _batched_rule(lambda p, q, generator: p >= epsilon)
+
+
+def resample_from_target_sampler() -> Callable:
+    """Return a batched verification rule with ``rejection_sample``'s signature that makes the mistake of
+    entry "resample_from_target": the acceptance test is the correct one (keep x with probability
+    min(1, p(x)/q(x))), but after a rejection the token is drawn from p instead of the residual
+    max(p - q, 0). It over-weights tokens both models like and under-weights those only the target likes."""
+
+    def keep(p, q, generator):
+        uniforms = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+        return uniforms * q < p  # u < p(x) / q(x) without dividing
+
+    return _batched_rule(keep)

@@ -23,6 +23,7 @@ __all__ = [
     "FALSE_ALARM_RATE",
     "GofResult",
     "goodness_of_fit",
+    "detectable_difference",
     "tv_estimate",
     "samples_needed",
     "detectable_tv",
@@ -237,6 +238,15 @@ def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expect
     statistic = float(((a - expected_a) ** 2 / expected_a).sum() + ((b - expected_b) ** 2 / expected_b).sum())
     dof = cells - 1
     return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), int(n_a + n_b), cells, 0)
+
+
+def detectable_difference(rate: float, n: int, level: float = 0.05, power: float = 0.8) -> float:
+    """Return the gap between two success rates near ``rate``, ``n`` trials each, that a two-sided
+    two-proportion test at ``level`` detects with probability ``power`` (normal approximation)."""
+    if not 0 < rate < 1 or n < 1:
+        raise ValueError(f"need 0 < rate < 1 and n >= 1, got rate {rate} and n {n}")
+    z = sps.norm.ppf(1 - level / 2) + sps.norm.ppf(power)
+    return float(z * np.sqrt(2 * rate * (1 - rate) / n))
 
 
 def measured_acceptance_rate(accepted: Sequence, gamma: int) -> float:
