@@ -62,3 +62,15 @@ def test_pick_device_follows_what_torch_sees(monkeypatch):
     assert book.pick_device() == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert book.pick_device() == "cpu"
+
+
+@pytest.mark.parametrize("value, shown", [(1e-6, "10⁻⁶"), (7.6e-56, "7.6 × 10⁻⁵⁶"), (0.0, "0"), (0.0312, "0.031"),
+                                          (123.4, "123"), (9.96e-5, "10⁻⁴"), (12345.0, "1.2 × 10⁴")])
+def test_scientific_writes_numbers_for_reading(value, shown):
+    assert book.scientific(value) == Shown(shown)
+
+
+def test_cite_is_a_role_in_a_book_build_and_empty_without_myst_nb(monkeypatch):
+    assert book.cite(["a", "b"]) == " {cite:p}`a,b`" and book.cite([]) == ""
+    monkeypatch.setitem(sys.modules, "myst_nb", None)
+    assert book.cite("a") == ""

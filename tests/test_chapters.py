@@ -138,3 +138,14 @@ def test_prose_has_no_typed_figures(page):
         text = re.sub(pattern, " ", text)
     typed = _TYPED_FIGURE.findall(text)
     assert not typed, f"{page.name}: figures typed into prose instead of glued: {typed}"
+
+
+def test_citation_file_names_every_author_the_bibliography_names():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    for entry in citation["references"]:
+        match = re.search(r"title\s*=\s*\{" + re.escape(entry["title"]) + r"\}.*?author\s*=\s*\{(.*?)\},", bib, re.S)
+        if match is None:  # not a paper of the bibliography (the seed article is cited there by its publisher)
+            continue
+        surnames = [name.split(",")[0].strip() for name in match.group(1).split(" and ")]
+        assert [a.get("family-names") for a in entry["authors"]] == surnames, entry["title"]

@@ -118,3 +118,12 @@ def test_batched_mistakes_have_their_exact_wrong_law(key, make):
     counts = stats.counts_of(out.tokens[:, 0], 4)
     assert not stats.goodness_of_fit(counts, pitfalls.find(key).exact_law()).rejects()
     assert stats.goodness_of_fit(counts, extend(SEED_P)).rejects()
+
+
+def test_every_source_a_pitfall_cites_is_in_the_bibliography():
+    from pathlib import Path
+
+    bib = (Path(__file__).resolve().parents[1] / "book" / "references.bib").read_text()
+    for pitfall in PITFALLS + [FIX]:
+        for key in pitfall.cites:
+            assert "{" + key + "," in bib, f"{pitfall.key} cites {key}, which references.bib lacks"

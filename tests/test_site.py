@@ -115,3 +115,51 @@ def test_bibliography_lists_the_required_sources(pages):
     text = (HTML / "book" / "references.html").read_text()
     for needle in ["Leviathan", "Chen", "vLLM"]:
         assert needle in text, needle
+
+
+def test_every_page_says_which_commit_and_date_it_was_built_from(pages):
+    import subprocess
+
+    stamps = set()
+    for page in pages:
+        if page.name in ("genindex.html", "search.html"):
+            continue
+        found = re.findall(r"Built (\d{4}-\d\d-\d\d \d\d:\d\d UTC) from commit <code>([0-9a-f]{12})</code>",
+                           page.read_text())
+        assert found, f"{page.relative_to(HTML)} carries no build stamp"
+        stamps.update(found)
+    assert len(stamps) == 1, f"pages of one build carry different stamps: {stamps}"
+    ((_, commit),) = stamps
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT).returncode == 0
+    assert known, f"the stamp names {commit}, which is not a commit of this repository"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_equations_and_figures_are_numbered_within_their_chapter(pages, chapter):
+    page = (HTML / "notebooks" / f"{chapter}.html").read_text()
+    number = str(int(chapter[:2]))  # the toc numbers chapter NN as NN
+    equations = re.findall(r'<span class="eqno">\(([\d.]+)\)', page)
+    figures = re.findall(r"Fig\. ([\d.]+)", page)
+    for label in equations + figures:
+        assert label.split(".")[0] == number and label != number, f"{chapter}: {label} is not in chapter {number}"
+    if equations:
+        assert equations[0] == f"{number}.1", f"{chapter}'s first equation is ({equations[0]}), not ({number}.1)"
+
+
+def test_no_computer_notation_in_the_prose(pages):
+    # numbers are for reading: 1e-06 or 0.0e+00 in a sentence is a formatting slip (code cells are left out)
+    for page in pages:
+        html = re.sub(r'(?s)<div class="(cell_input|highlight)[^"]*".*?</div>', " ", page.read_text(errors="replace"))
+        prose = re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(script|style|pre)\b.*?</\1>", " ", html))
+        slips = re.findall(r"(?<![\w.])\d(?:\.\d+)?e[+-]\d+\b", prose)
+        assert not slips, f"{page.relative_to(HTML)}: {slips}"
+
+
+def test_every_github_thread_named_in_a_chapter_is_in_the_bibliography(pages):
+    references = (HTML / "book" / "references.html").read_text()
+    for chapter in CHAPTERS:
+        text = (ROOT / "notebooks" / f"{chapter}.md").read_text()
+        for thread in re.findall(r"(?:transformers|vLLM|vllm) #(\d+)", text):
+            assert f"#{thread}" in references, f"{chapter} names #{thread}, which the references page lacks"
+        for advisory in re.findall(r"GHSA-[\w-]+", text):
+            assert advisory in references, advisory

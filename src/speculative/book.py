@@ -16,8 +16,8 @@ from pathlib import Path
 
 from . import defaults
 
-__all__ = ["Shown", "as_text", "glue", "pick_device", "demo_settings", "results_dir", "load_record",
-           "load_records"]
+__all__ = ["Shown", "as_text", "cite", "scientific", "glue", "pick_device", "demo_settings", "results_dir",
+           "load_record", "load_records"]
 
 
 class Shown:
@@ -41,6 +41,46 @@ def as_text(value) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(as_text(v) for v in value) + ")"
     return str(value)
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def scientific(value: float, digits: int = 2) -> Shown:
+    """Return ``value`` as a reader writes it: ``7.6 × 10⁻⁵⁶``, ``10⁻⁶``, ``0.031`` or ``0``.
+
+    Values from 0.001 to 9999 keep ``digits`` significant figures in plain notation; others get a
+    mantissa and a power of ten (no ``1e-06`` or ``0.0e+00`` on a page).
+    """
+    import math
+
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return Shown("0" if value == 0 else str(value))
+    exponent = math.floor(math.log10(abs(value)))
+    if -3 <= exponent < 4:
+        return Shown(f"{value:.{max(digits - 1 - exponent, 0)}f}")
+    mantissa = round(value / 10 ** exponent, digits - 1)
+    if abs(mantissa) >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    power = "10" + str(exponent).translate(_SUPERSCRIPT)
+    return Shown(power if mantissa == 1 else f"{mantissa:.{digits - 1}f} × {power}")
+
+
+def cite(keys) -> str:
+    """Return a parenthetical citation of ``keys`` (bibliography keys) for Markdown a cell displays.
+
+    In a book build it is the MyST role, which links to the references page; where MyST-NB is missing
+    (a Colab edition) it is empty, and the text around it names the source.
+    """
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    if not keys:
+        return ""
+    try:
+        import myst_nb  # noqa: F401
+    except ImportError:
+        return ""
+    return " {cite:p}`" + ",".join(keys) + "`"
 
 
 def glue(name: str, value, display: bool = False) -> None:

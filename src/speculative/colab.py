@@ -35,7 +35,8 @@ def _bibliography() -> dict[str, str]:
         if not key:
             continue
         field = {name: value for name, value in re.findall(r"(\w+)\s*=\s*\{(.*?)\},?\s*$", entry, re.MULTILINE)}
-        authors = [a.strip().strip("{}") for a in field.get("author", "").split(" and ") if a.strip()]
+        author = field.get("author", "").replace("\\#", "#").replace("\\_", "_")
+        authors = [a.strip().strip("{}") for a in author.split(" and ") if a.strip()]
         surname = authors[0].split(",")[0] if authors else key.group(1)
         others = {0: "", 1: "", 2: f" and {authors[-1].split(',')[0]}"}.get(len(authors), " et al.")
         who = surname + others

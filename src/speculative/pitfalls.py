@@ -418,6 +418,7 @@ class Pitfall:
     demo_p: tuple = SEED_P
     demo_q: tuple = SEED_Q
     options: dict = field(default_factory=dict)  # extra arguments both forms take on the demo pair
+    cites: tuple = ()  # keys in book/references.bib of the sources named in seen_in
     lossless: bool = False  # True only for the fix
 
     def exact_law(self, p=None, q=None) -> list[Fraction]:
@@ -441,46 +442,47 @@ PITFALLS: list[Pitfall] = [
     Pitfall("resample_from_target", "Resampling from p after a rejection",
             "After a rejection the code draws a fresh token from p instead of from the normalised residual.",
             "reported in SafeAILab/EAGLE #329 (non-greedy path resamples from p only)",
-            exact_resample_from_target, sample_resample_from_target),
+            exact_resample_from_target, sample_resample_from_target, cites=("eagle329",)),
     Pitfall("greedy_draft_softmax_ratio", "Greedy draft scored with its softmax",
             "The draft proposes its arg-max token, but the ratio divides by the softmax q(x) it never sampled from.",
             "transformers #32867 (fixed by #33534); jaymody/speculative-sampling #3",
-            exact_greedy_draft_softmax_ratio, sample_greedy_draft_softmax_ratio),
+            exact_greedy_draft_softmax_ratio, sample_greedy_draft_softmax_ratio,
+            cites=("transformers32867", "transformers33534", "jaymody3")),
     Pitfall("unnormalized_residual", "Unnormalised residual",
             "The residual max(p - q, 0) is sampled by inverse CDF without dividing by its mass; the overrun "
             "is clamped to the last token id.",
             "figures that omit the normalisation (seed article); "
             "transformers #28508 fixed a residual normalised with softmax",
-            exact_unnormalized_residual, sample_unnormalized_residual),
+            exact_unnormalized_residual, sample_unnormalized_residual, cites=("yaotu2026seed", "transformers28508")),
     Pitfall("unguarded_zero_residual", "Zero residual divided anyway",
             "The residual is divided by its mass with no guard; when rounding makes p fall below q everywhere "
             "the mass is 0, the weights are NaN, and the sampler returns the id V.",
             "vLLM advisory GHSA-8wr5-jm2h-8r4f (out-of-range token id)",
             exact_unguarded_zero_residual, sample_unguarded_zero_residual,
-            demo_p=SEED_P, demo_q=SEED_P, options={"shortfall": Fraction(1, 100)}),
+            demo_p=SEED_P, demo_q=SEED_P, options={"shortfall": Fraction(1, 100)}, cites=("vllmGHSA8wr5",)),
     Pitfall("temperature_mismatch", "Draft temperature missing from the ratio",
             "Drafts are sampled at temperature 1/2, but the ratio and the residual use q at temperature 1.",
             "vllm #9834 (sampling parameters not applied at verification, fixed by #10198)",
-            exact_ratio_mismatch, sample_ratio_mismatch),
+            exact_ratio_mismatch, sample_ratio_mismatch, cites=("vllm9834", "vllm10198")),
     Pitfall("top_k_mismatch", "Top-k applied to drafts but not to q",
             "Drafts come from top-k filtered q, but the q handed to the rule is the raw softmax.",
             "transformers #47932",
             exact_ratio_mismatch, sample_ratio_mismatch, demo_p=_SECOND_P, demo_q=_SECOND_Q,
-            options={"sampled_with": SamplingConfig(top_k=2)}),
+            options={"sampled_with": SamplingConfig(top_k=2)}, cites=("transformers47932",)),
     Pitfall("prune_reuse_formula", "Pruning a candidate on its own q(x)",
             "A drafted token with q(x) < 1/4 is pruned and replaced by a draw from p; the others are verified "
             "with the unchanged formula.",
             "vLLM's notes on adaptive verification (seed article)",
-            exact_prune_reuse_formula, sample_prune_reuse_formula),
+            exact_prune_reuse_formula, sample_prune_reuse_formula, cites=("yaotu2026seed",)),
     Pitfall("stale_context", "q from a stale context",
             "The q entering the ratio and the residual belongs to the previous position (a cache rolled back "
             "one token too few); here that stale q is uniform.",
             "cache rollback bugs such as Blaizzy/mlx-vlm #1155 (batched rollback moved every row by the whole block)",
-            exact_stale_context, sample_stale_context),
+            exact_stale_context, sample_stale_context, cites=("mlxvlm1155",)),
     Pitfall("bonus_from_draft", "Bonus token drawn from q",
             "When every draft is accepted, the extra token is drawn from the draft's q instead of the target's p.",
             "no shipped instance verified; the bonus-token path is fragile (vllm #9730 fixed a KV corruption there)",
-            exact_bonus_from_draft, sample_bonus_from_draft),
+            exact_bonus_from_draft, sample_bonus_from_draft, cites=("vllm9730",)),
     Pitfall("reseed_every_draw", "Reseeding before every draw",
             "The generator is reseeded with the same seed before each draw, so drafting, the acceptance test "
             "and the residual all see the same uniform number.",
@@ -489,7 +491,7 @@ PITFALLS: list[Pitfall] = [
     Pitfall("typical_acceptance", "Typical acceptance (lossy by design)",
             "A draft is kept whenever p(x) >= 1/4, otherwise a token is drawn from p: fast, but not p.",
             "Medusa-style typical acceptance (Cai et al., 2024), offered by engines as a faster, approximate mode",
-            exact_typical_acceptance, sample_typical_acceptance),
+            exact_typical_acceptance, sample_typical_acceptance, cites=("cai2024medusa",)),
     Pitfall("lenient_acceptance", "A lenience factor (lossy by design)",
             "The ratio is inflated to min(1, 2 p(x) / q(x)) to accept more drafts.",
             "'lenient' verification schemes that trade exactness for acceptance",
@@ -500,7 +502,8 @@ PITFALLS: list[Pitfall] = [
 FIX = Pitfall("prune_fixed", "Pruning, fixed",
               "With probability 1 - Z the candidate is pruned and a draw from p is emitted; otherwise the "
               "candidate is verified against q~ = q * keep / Z in both the ratio and the residual.",
-              "the fix the seed article describes", exact_prune_fixed, sample_prune_fixed, lossless=True)
+              "the fix the seed article describes", exact_prune_fixed, sample_prune_fixed, lossless=True,
+              cites=("yaotu2026seed",))
 
 
 def find(key: str) -> Pitfall:
