@@ -9,7 +9,7 @@ MIN_PYTHON := 3.11.5
 INSTALLED  := $(VENV)/.installed
 BUILT      := _build/html/.built
 # everything the book is made from: a change to any of these rebuilds it; nothing else does
-BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md book/*) \
+BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md book/* book/_ext/* _static/*) \
                $(shell find src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null))
 # the list of inputs itself, rewritten only when it changes, so that a file added or deleted rebuilds too
 INPUT_LIST := _build/.inputs

@@ -112,17 +112,25 @@ SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions
                   "call, median of interleaved runs); ratio: batched / reference")
 
 
-def format_sampler_table(record: dict) -> str:
-    """Return the sampler record as a plain-text table, with a legend under it."""
-    lines = [f"{'batch':>5} {'V':>6} {'batched pos/s':>14} {'reference pos/s':>16} {'ratio':>7}"]
-    for row in record["results"]:
-        lines.append(f"{row['batch']:>5} {row['vocab']:>6} {row['batched_positions_per_s']:>14,.0f} "
-                     f"{row['reference_positions_per_s']:>16,.0f} {row['speedup']:>6.1f}x")
+def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
+    """Return a table: plain text, columns right-aligned (for a terminal), or Markdown (for a page)."""
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines + [""] + [f"{note}\n" for note in notes]).rstrip() + "\n"
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    lines = [" ".join(f"{cell:>{w}}" for cell, w in zip(line, widths)) for line in [headers, *rows]]
+    return "\n".join(lines + notes)
+
+
+def format_sampler_table(record: dict, markdown: bool = False) -> str:
+    """Return the sampler record as a table (plain text, or Markdown with ``markdown=True``) with a legend."""
+    rows = [[str(row["batch"]), str(row["vocab"]), f"{row['batched_positions_per_s']:,.0f}",
+             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x"] for row in record["results"]]
     env = record["environment"]
-    lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
-                 f"{env['threads']} threads")
-    lines.append(SAMPLER_LEGEND)
-    return "\n".join(lines)
+    notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
+             f"{env['threads']} threads", SAMPLER_LEGEND]
+    return _table(["batch", "V", "batched pos/s", "reference pos/s", "ratio"], rows, notes, markdown)
 
 
 def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
@@ -456,23 +464,25 @@ DECODE_LEGEND = (
     "speedup / pred. A v below 1 (a step over gamma+1 positions cheaper than over one) is timing noise.")
 
 
-def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None) -> str:
-    """Return the decode record (optionally one batch size or one gamma) as a plain-text table, with a legend."""
-    lines = [f"{'batch':>5} {'T':>4} {'gamma':>5} {'alpha':>6} {'tok/fwd':>7} {'speedup':>7} {'95% interval':>13} "
-             f"{'median':>6} {'c':>6} {'v':>5} {'pred.':>6} {'effic.':>6}"]
+def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None,
+                        markdown: bool = False) -> str:
+    """Return the decode record (optionally one batch size or one gamma) as a table, plain text or Markdown
+    (``markdown=True``), with what it was measured on and a legend."""
+    rows = []
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
         low, high = row["speedup_ci95"]
         interval = f"{low:.2f}-{high:.2f}" if low == low else "(one group)"
-        lines.append(f"{row['batch']:>5} {row['temperature']:>4g} {row['gamma']:>5} {row['alpha']:>6.3f} "
-                     f"{row['tokens_per_target_forward']:>7.2f} {row['speedup']:>6.2f}x {interval:>13} "
-                     f"{row['speedup_median']:>5.2f}x {row['calibration']['c']:>6.3f} {row['calibration']['v']:>5.2f} "
-                     f"{row['predicted']:>5.2f}x {row['efficiency']:>6.2f}")
+        rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
+                     f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}x", interval,
+                     f"{row['speedup_median']:.2f}x", f"{row['calibration']['c']:.3f}",
+                     f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}x", f"{row['efficiency']:.2f}"])
     env = record["environment"]
     config = record["config"]
-    lines.append(f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
-                 f"{env['threads']} threads; pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, "
-                 f"{config['repeats']} repeats, {config['max_new_tokens']} new tokens each")
-    lines.append(DECODE_LEGEND)
-    return "\n".join(lines)
+    notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
+             f"{env['threads']} threads; pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, "
+             f"{config['repeats']} repeats, {config['max_new_tokens']} new tokens each", DECODE_LEGEND]
+    headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
+               "effic."]
+    return _table(headers, rows, notes, markdown)
