@@ -473,16 +473,18 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
         low, high = row["speedup_ci95"]
-        interval = f"{low:.2f}-{high:.2f}" if low == low else "(one group)"
+        times, dash = ("×", "–") if markdown else ("x", "-")
+        interval = f"{low:.2f}{dash}{high:.2f}" if low == low else "(one group)"
         rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
-                     f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}x", interval,
-                     f"{row['speedup_median']:.2f}x", f"{row['calibration']['c']:.3f}",
-                     f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}x", f"{row['efficiency']:.2f}"])
+                     f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
+                     f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
+                     f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
     env = record["environment"]
     config = record["config"]
     notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
              f"{env['threads']} threads; pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, "
-             f"{config['repeats']} repeats, {config['max_new_tokens']} new tokens each", DECODE_LEGEND]
+             f"{config['repeats']} repeat{'s' if config['repeats'] != 1 else ''}, {config['max_new_tokens']} new "
+             "tokens each", DECODE_LEGEND]
     headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
                "effic."]
     return _table(headers, rows, notes, markdown)
