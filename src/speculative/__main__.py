@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | bench sampler | bench decode | train``.
+"""Command line: ``python -m speculative verify | audit | bench sampler | bench decode | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 
@@ -65,12 +65,26 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench,train}",
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,train}",
                                      parser_class=_Parser)
 
     verify = commands.add_parser("verify", help="check the rule exactly and print every pitfall's exact law",
                                  formatter_class=formatter)
     verify.set_defaults(run=_run_verify)
+
+    audit = commands.add_parser(
+        "audit", help="test a verification rule against exact laws, with stated error rates",
+        description="Audit a verification rule: exit 0 when every case passes, 1 when any fails, 2 when the "
+        "audit cannot run.", formatter_class=formatter)
+    audit.add_argument("sampler", metavar="MODULE:FUNCTION|hf",
+                       help="the rule to audit, e.g. speculative.sampler:rejection_sample; 'hf' audits the "
+                       "installed transformers' _speculative_sampling")
+    audit.add_argument("--convention", choices=("probs", "hf", "pitfall"), default=None,
+                       help="how the function is called (default: hf for 'hf', else probs)")
+    audit.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON here")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the drafts and of the sampler's generator")
+    audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    audit.set_defaults(run=_run_audit)
 
     bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record",
                                 formatter_class=formatter)
@@ -186,6 +200,67 @@ def _run_verify(args) -> int:
     print("law: the exact output distribution of the wrong rule on its demo pair; TV from p: its total variation "
           "distance from the target (0 = lossless)")
     return 0
+
+
+def _load_sampler(spec: str):
+    """Return (function, convention, name) for ``MODULE:FUNCTION`` or ``hf``; ValueError says what failed."""
+    import importlib
+
+    if spec == "hf":
+        try:
+            import transformers
+            from transformers.generation.utils import _speculative_sampling
+        except ImportError as error:
+            raise ValueError(f"cannot import transformers' _speculative_sampling ({error}); "
+                             "pip install transformers") from None
+        return _speculative_sampling, "hf", f"transformers {transformers.__version__} _speculative_sampling"
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"expected MODULE:FUNCTION or hf, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
+        raise ValueError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+    function = module
+    for part in attribute.split("."):
+        if not hasattr(function, part):
+            raise ValueError(f"{module_name!r} has no attribute {attribute!r}")
+        function = getattr(function, part)
+    if not callable(function):
+        raise ValueError(f"{spec} is a {type(function).__name__}, not a function")
+    return function, "probs", spec
+
+
+def _check_signature(function, convention: str) -> None:
+    import inspect
+
+    needed = {"probs": 4, "hf": 4, "pitfall": 4}[convention]
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: let the audit try
+    try:
+        signature.bind(*range(needed))
+    except TypeError:
+        raise ValueError(f"{getattr(function, '__qualname__', function)}{signature} cannot take the {needed} "
+                         f"positional arguments of the {convention!r} convention") from None
+
+
+def _run_audit(args) -> int:
+    from .audit import audit_sampler
+
+    function, convention, name = _load_sampler(args.sampler)
+    convention = args.convention or convention
+    _check_signature(function, convention)
+    report = audit_sampler(function, convention=convention, name=name, seed=args.seed,
+                           progress=not args.no_progress)
+    print(report.table())
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(report.to_json() + "\n")
+        print(f"report written to {args.json}")
+    return 0 if report.passed else 1
 
 
 def _run_bench_sampler(args) -> int:

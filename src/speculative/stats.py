@@ -24,6 +24,7 @@ __all__ = [
     "GofResult",
     "goodness_of_fit",
     "detectable_difference",
+    "power",
     "tv_estimate",
     "samples_needed",
     "detectable_tv",
@@ -238,6 +239,23 @@ def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expect
     statistic = float(((a - expected_a) ** 2 / expected_a).sum() + ((b - expected_b) ** 2 / expected_b).sum())
     dof = cells - 1
     return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), int(n_a + n_b), cells, 0)
+
+
+def power(n: int, null_probs: Sequence, alternative: Sequence, false_alarm: float = FALSE_ALARM_RATE) -> float:
+    """Return the probability that :func:`goodness_of_fit` with ``n`` samples rejects ``null_probs`` when the
+    samples really follow ``alternative`` (cells pooled as the test pools them; noncentral chi-square
+    approximation, plus the chance of at least one sample on an outcome the null rules out)."""
+    null = np.array([float(v) for v in null_probs], dtype=np.float64)
+    alt = _as_probs(alternative, null.size)
+    support = null > 0
+    impossible = float(alt[~support].sum())
+    expected, shifted = _pool(null[support] * n, alt[support] * n)
+    cells = expected.size
+    chi_power = 0.0
+    if cells >= 2:
+        noncentrality = float(((shifted - expected) ** 2 / expected).sum())
+        chi_power = float(sps.ncx2.sf(sps.chi2.isf(false_alarm, cells - 1), cells - 1, noncentrality))
+    return 1 - (1 - chi_power) * (1 - impossible) ** n
 
 
 def detectable_difference(rate: float, n: int, level: float = 0.05, power: float = 0.8) -> float:

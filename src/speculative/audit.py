@@ -1,0 +1,502 @@
+"""Audit any verification rule against exact laws, with stated error rates.
+
+Explained in: notebooks/09_audit.
+
+:func:`audit_sampler` runs a battery of cases. Each case is a target and a draft given as exact tables
+(a distribution for every context), so the law of what a correct rule emits is known exactly
+(:mod:`exact`). The audit draws the drafts itself, hands the sampler the probabilities, collects what it
+emits, and tests the counts against that law with a chi-square test (:mod:`stats`). What is tested:
+
+- ``block`` cases (small vocabularies, 1 to 4 drafted tokens, context-dependent tables): the law of the
+  whole emitted block, a tuple of 1 to k+1 tokens;
+- ``first`` cases (one drafted token, any vocabulary): the joint law of the emitted token and whether
+  the draft was accepted: P(x, accepted) = min(p, q)(x), P(x, rejected) = max(p - q, 0)(x).
+
+Error rates. The battery's family-wise false-alarm rate is ``family_false_alarm`` (1e-6 by default),
+split equally over the cases (Bonferroni), so a correct sampler fails an audit with at most that
+probability. Each case's sample size comes from :func:`stats.samples_needed` for the case's stated total
+variation distance at power 0.99; the report prints the distance the sample actually detects.
+
+Hard failures end a case at once and are reported with the input that caused them: an exception, a
+result of the wrong shape, an id outside the vocabulary, or an emitted outcome the exact law gives
+probability 0 (a NaN turned into a token, a token with p = 0). Where the sampler's randomness can be set
+(the library's ``randomness=``, or the global RNG the ``"hf"`` adapter feeds), cases marked ``edges`` are
+also run with every uniform at 0 and at the largest float below 1, so that a failure random draws would
+hit once in millions of calls is found in one.
+
+Conventions. ``"probs"`` is :func:`sampler.rejection_sample`'s: ``fn(draft_tokens (B, k), draft_probs
+(B, k, V), target_probs (B, k+1, V), generator)`` returning an object with ``.tokens`` or a ``(B, k+1)``
+tensor padded with -1. ``"hf"`` is Hugging Face transformers' ``_speculative_sampling(candidate_input_ids,
+candidate_logits, candidate_length, new_logits)``: logits in, one row at a time, the global torch RNG.
+``"pitfall"`` is :mod:`pitfalls`' one-step form ``fn(p, q, n, generator)``, which draws the draft itself
+(only one-draft, context-free cases apply). Another convention is one adapter: a function that takes
+``(fn, draft_tokens, draft_probs, target_probs, generator, edge)`` and returns the ``(B, k+1)`` padded
+tokens; pass it as ``convention=``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import exact, stats
+from .transforms import SamplingConfig, logits_to_probs
+
+__all__ = ["AuditCase", "CaseResult", "AuditReport", "default_battery", "audit_sampler", "assert_lossless",
+           "pitfall_power", "pitfall_sampler", "CONVENTIONS", "EDGE_UNIFORMS"]
+
+#: The uniforms an edge run fixes every draw to: 0, and the largest float32 below 1.
+EDGE_UNIFORMS = (0.0, float(np.nextafter(np.float32(1), np.float32(0))))
+
+
+@dataclass
+class AuditCase:
+    """One case: exact target and draft tables, how many drafts, and what to test."""
+
+    name: str
+    vocab: int
+    gamma: int
+    target: Callable  # context tuple -> list of Fractions (an exact distribution)
+    draft: Callable
+    law: str = "block"  # "block" (whole emitted tuple) or "first" (token and accepted?, one draft)
+    dtype: torch.dtype = torch.float32
+    tv: float = 0.05  # the total variation distance the sample size is chosen to detect
+    edges: bool = False
+    context_free: bool = False
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def probs(self, model: Callable, context: tuple) -> torch.Tensor:
+        """The distribution as the sampler receives it: float64 values cast to this case's dtype."""
+        key = (id(model), context)
+        if key not in self._cache:
+            self._cache[key] = torch.tensor([float(v) for v in model(context)], dtype=torch.float64).to(self.dtype)
+        return self._cache[key]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    n: int
+    p_value: Optional[float]
+    detectable_tv: Optional[float]
+    passed: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class AuditReport:
+    sampler: str
+    convention: str
+    family_false_alarm: float
+    results: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def table(self) -> str:
+        """Return the report as a Markdown table with the overall verdict under it."""
+        lines = ["| case | n | p-value | detectable TV | verdict |", "|---|---:|---:|---:|---|"]
+        for r in self.results:
+            p = "—" if r.p_value is None else f"{r.p_value:.3g}"
+            tv = "—" if r.detectable_tv is None else f"{r.detectable_tv:.3f}"
+            verdict = "pass" if r.passed else "**FAIL**"
+            lines.append(f"| {r.name} | {r.n:,} | {p} | {tv} | {verdict}{': ' + r.detail if r.detail else ''} |")
+        failed = sum(not r.passed for r in self.results)
+        lines.append("")
+        lines.append(f"{self.sampler} ({self.convention}): "
+                     + ("every case passed" if not failed else f"{failed} of {len(self.results)} cases failed")
+                     + f"; family-wise false-alarm rate {self.family_false_alarm:g}; {self.seconds:.1f} s.")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"sampler": self.sampler, "convention": self.convention, "passed": self.passed,
+                           "family_false_alarm": self.family_false_alarm, "seconds": self.seconds,
+                           "results": [asdict(r) for r in self.results]}, indent=2)
+
+
+# --------------------------------------------------------------------------- the battery
+
+
+def _constant(probs: Sequence) -> Callable:
+    table = [Fraction(v) for v in probs]
+    total = sum(table)
+    table = [v / total for v in table]
+    return lambda context: table
+
+
+def _random_pair(vocab: int, seed: int, zero_chance: float = 0.2) -> tuple[list, list]:
+    rng = random.Random(seed)
+    return (exact.random_rational_distribution(vocab, rng, 20, zero_chance),
+            exact.random_rational_distribution(vocab, rng, 20, zero_chance))
+
+
+def _float_pair(vocab: int, seed: int, config: SamplingConfig = SamplingConfig(), spread: float = 2.0):
+    """A target and a draft from random logits, transformed by ``config`` (both the same way), as float32."""
+    generator = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(vocab, generator=generator) * spread
+    draft_logits = target_logits + torch.randn(vocab, generator=generator)
+    return [logits_to_probs(logits, config) for logits in (target_logits, draft_logits)]
+
+
+def _near_equal(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """p <= q elementwise, equal up to float32 rounding: the residual max(p - q, 0) is all zero."""
+    q = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(seed)), 0)
+    p = torch.where(torch.arange(vocab) % 2 == 0, torch.nextafter(q, torch.zeros_like(q)), q)
+    return p, q
+
+
+def default_battery() -> list[AuditCase]:
+    """Return the default cases (see the module docstring); about a minute on 2 CPU cores for a fast sampler."""
+    from .pitfalls import SEED_P, SEED_Q
+
+    cases = [AuditCase("three-token example", 3, 1, _constant(SEED_P), _constant(SEED_Q), law="first",
+                       tv=0.02, context_free=True)]
+    for vocab in (2, 8, 64):
+        p, q = _random_pair(vocab, seed=vocab)
+        cases.append(AuditCase(f"random pair, V = {vocab}", vocab, 1, _constant(p), _constant(q), law="first",
+                               tv=0.03 if vocab < 64 else 0.05, context_free=True))
+    for vocab in (1000, 32000):
+        p, q = _float_pair(vocab, seed=vocab)
+        cases.append(AuditCase(f"random pair, V = {vocab}", vocab, 1, _constant(p.tolist()),
+                               _constant(q.tolist()), law="first", tv=0.1, context_free=True))
+    p, _ = _random_pair(8, seed=11, zero_chance=0.0)
+    cases.append(AuditCase("p = q exactly", 8, 1, _constant(p), _constant(p), law="first", tv=0.03,
+                           edges=True, context_free=True))
+    p, q = _random_pair(8, seed=12, zero_chance=0.0)
+    p = [v if i % 3 else Fraction(0) for i, v in enumerate(p)]  # drafts the target gives probability 0
+    cases.append(AuditCase("drafted tokens with p(x) = 0", 8, 1, _constant(p), _constant(q), law="first",
+                           tv=0.03, edges=True, context_free=True))
+    sharp = torch.zeros(64)
+    sharp[3], sharp[5] = 12.0, 4.0
+    p, q = torch.softmax(sharp, 0), torch.softmax(sharp.flip(0) * 0.5 + sharp * 0.5, 0)
+    cases.append(AuditCase("near one-hot pair", 64, 1, _constant(p.tolist()), _constant(q.tolist()), law="first",
+                           tv=0.03, context_free=True))
+    p, q = _near_equal(64, seed=13)
+    cases.append(AuditCase("equal up to rounding, zero residual", 64, 1, _constant(p.tolist()),
+                           _constant(q.tolist()), law="first", tv=0.05, edges=True, context_free=True))
+    for gamma in (1, 2, 3, 4):
+        cases.append(AuditCase(f"context-dependent tables, k = {gamma}", 4, gamma,
+                               exact.RandomTableModel(4, 100 + gamma), exact.RandomTableModel(4, 200 + gamma),
+                               law="block", tv=0.05))
+    for dtype in (torch.float16, torch.bfloat16):
+        p, q = _float_pair(64, seed=14)
+        cases.append(AuditCase(f"{str(dtype).removeprefix('torch.')} inputs, V = 64", 64, 1,
+                               _constant(p.to(dtype).double().tolist()), _constant(q.to(dtype).double().tolist()),
+                               law="first", dtype=dtype, tv=0.05, context_free=True))
+    for label, config in (("temperature 0.5", SamplingConfig(temperature=0.5)),
+                          ("top-k 5", SamplingConfig(top_k=5)), ("top-p 0.8", SamplingConfig(top_p=0.8))):
+        p, q = _float_pair(64, seed=15, config=config)
+        cases.append(AuditCase(f"{label}, V = 64", 64, 1, _constant(p.tolist()), _constant(q.tolist()),
+                               law="first", tv=0.05, context_free=True))
+    return cases
+
+
+# --------------------------------------------------------------------------- laws and inputs
+
+
+def _law(case: AuditCase) -> dict[tuple, float]:
+    """The exact law of the outcome the case tests, as {outcome: probability}."""
+    if case.law == "block":
+        law = exact.speculative_block_law(case.target, case.draft, (), case.gamma)
+        return {key: float(v) for key, v in law.items()}
+    if case.gamma != 1:
+        raise ValueError(f"{case.name}: a 'first' case has one draft")
+    p = np.array([float(v) for v in case.target(())], dtype=np.float64)
+    q = np.array([float(v) for v in case.draft(())], dtype=np.float64)
+    law = {}
+    for token in range(case.vocab):
+        if min(p[token], q[token]) > 0:
+            law[(token, True)] = float(min(p[token], q[token]))
+        if p[token] > q[token]:
+            law[(token, False)] = float(p[token] - q[token])
+    return law
+
+
+def _outcome(case: AuditCase, row: Sequence[int]) -> tuple:
+    emitted = [int(t) for t in row if int(t) >= 0]
+    if case.law == "block":
+        return tuple(emitted)
+    return (emitted[0], len(emitted) == 2) if emitted else ()
+
+
+def _draw_inputs(case: AuditCase, n: int, generator: torch.Generator):
+    """Draft n blocks from the draft table (each draft given the ones before it) and look up p and q."""
+    k, vocab = case.gamma, case.vocab
+    if case.context_free:  # one distribution for every context: no lookups
+        p, q = case.probs(case.target, ()), case.probs(case.draft, ())
+        drafts = torch.multinomial(q.double(), n * k, replacement=True, generator=generator).reshape(n, k)
+        return drafts, q.expand(n, k, vocab).contiguous(), p.expand(n, k + 1, vocab).contiguous()
+    drafts = torch.zeros(n, k, dtype=torch.long)
+    draft_probs = torch.zeros(n, k, vocab, dtype=case.dtype)
+    target_probs = torch.zeros(n, k + 1, vocab, dtype=case.dtype)
+    prefixes = [()] * n
+    for i in range(k + 1):
+        groups: dict[tuple, list[int]] = {}
+        for row, prefix in enumerate(prefixes):
+            groups.setdefault(prefix, []).append(row)
+        for prefix, rows in groups.items():
+            index = torch.tensor(rows)
+            target_probs[index, i] = case.probs(case.target, prefix)
+            if i < k:
+                q = case.probs(case.draft, prefix)
+                draft_probs[index, i] = q
+                drafts[index, i] = torch.multinomial(q.double(), len(rows), replacement=True, generator=generator)
+        if i < k:
+            prefixes = [prefix + (int(drafts[row, i]),) for row, prefix in enumerate(prefixes)]
+    return drafts, draft_probs, target_probs
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def _as_tokens(result, batch: int, k: int) -> torch.Tensor:
+    tokens = getattr(result, "tokens", result)
+    if isinstance(tokens, (tuple, list)) and tokens and isinstance(tokens[0], torch.Tensor):
+        tokens = tokens[0]
+    tokens = torch.as_tensor(tokens)
+    if tuple(tokens.shape) != (batch, k + 1):
+        raise ValueError(f"returned tokens of shape {tuple(tokens.shape)}, expected ({batch}, {k + 1})")
+    return tokens.long().cpu()
+
+
+def _probs_convention(fn, drafts, draft_probs, target_probs, generator, edge):
+    batch, k = drafts.shape
+    if edge is None:
+        return _as_tokens(fn(drafts, draft_probs, target_probs, generator), batch, k)
+    from .sampler import Randomness
+
+    uniforms = torch.full((batch, k + 1), edge, dtype=torch.float64)
+    return _as_tokens(fn(drafts, draft_probs, target_probs, generator, randomness=Randomness(uniforms)), batch, k)
+
+
+@contextlib.contextmanager
+def _global_rng(edge: Optional[float]):
+    """Feed the global torch RNG: unchanged, or every ``torch.rand_like`` draw fixed at ``edge``."""
+    if edge is None:
+        yield
+        return
+    original = torch.rand_like
+    torch.rand_like = lambda tensor, *args, **kwargs: torch.full_like(tensor, edge, *args, **kwargs)
+    try:
+        yield
+    finally:
+        torch.rand_like = original
+
+
+def _hf_convention(fn, drafts, draft_probs, target_probs, generator, edge):
+    """Call Hugging Face's ``_speculative_sampling`` row by row, as assisted generation does (batch 1)."""
+    batch, k = drafts.shape
+    out = torch.full((batch, k + 1), -1, dtype=torch.long)
+    torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))  # its randomness: the global RNG
+    with _global_rng(edge):
+        for row in range(batch):
+            valid, _ = fn(drafts[row:row + 1], draft_probs[row:row + 1].log(), k, target_probs[row:row + 1].log())
+            valid = valid.reshape(-1)
+            if valid.numel() > k + 1:
+                raise ValueError(f"returned {valid.numel()} tokens for {k} drafts")
+            out[row, :valid.numel()] = valid
+    return out
+
+
+def _pitfall_convention(fn, drafts, draft_probs, target_probs, generator, edge):
+    """One-step samplers ``fn(p, q, n, generator)`` that draw the draft themselves (the pitfall gallery)."""
+    batch = drafts.shape[0]
+    tokens = torch.as_tensor(fn(target_probs[0, 0].double(), draft_probs[0, 0].double(), batch, generator)).long()
+    if tuple(tokens.shape) != (batch,):
+        raise ValueError(f"returned shape {tuple(tokens.shape)}, expected ({batch},)")
+    return torch.stack([tokens, torch.full_like(tokens, -1)], 1)
+
+
+CONVENTIONS = {"probs": _probs_convention, "hf": _hf_convention, "pitfall": _pitfall_convention}
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+def _applies(case: AuditCase, convention) -> Optional[str]:
+    if convention == "pitfall" and not (case.context_free and case.gamma == 1):
+        return "the one-step convention has no drafted blocks"
+    return None
+
+
+def _sample_size(probs: Sequence[float], case: AuditCase, per_case: float, max_rows: int) -> int:
+    """The samples the case needs to detect its stated TV at power 0.99 (the pooled cells depend on n)."""
+    n = 2000
+    for _ in range(3):
+        n = min(stats.samples_needed(stats.pooled(probs, n), tv=case.tv, false_alarm=per_case), max_rows)
+    return n
+
+
+def _run_case(fn, adapter, case: AuditCase, per_case: float, max_rows: int, seed: int, can_edge: bool,
+              convention: str) -> CaseResult:
+    began = time.perf_counter()
+    law = _law(case)
+    outcomes = list(law)
+    probs = [law[o] for o in outcomes] + [0.0]  # the last cell: anything the exact law rules out
+    n = _sample_size(probs, case, per_case, max_rows)
+    if convention == "pitfall":  # it ignores the draws, only the law of its output token is tested
+        outcomes = list(range(case.vocab))
+        probs = [float(v) for v in case.target(())] + [0.0]
+    index = {o: i for i, o in enumerate(outcomes)}
+    generator = torch.Generator().manual_seed(seed)
+    counts = np.zeros(len(probs), dtype=np.int64)
+    chunk = min(n, max(256, 4_000_000 // (case.vocab * (case.gamma + 1))))
+    done = 0
+    while done < n:
+        size = min(chunk, n - done)
+        inputs = _draw_inputs(case, size, generator)
+        try:
+            tokens = adapter(fn, *inputs, generator, None)
+        except Exception as error:  # noqa: BLE001 - any crash is a finding
+            return CaseResult(case.name, done, None, None, False, f"raised {type(error).__name__}: "
+                              f"{str(error).splitlines()[0][:120]}", time.perf_counter() - began)
+        if ((tokens < -1) | (tokens >= case.vocab)).any():
+            bad = int(((tokens < -1) | (tokens >= case.vocab)).any(1).nonzero()[0])
+            return CaseResult(case.name, done, None, None, False, f"emitted id {tokens[bad].tolist()} outside "
+                              f"0..{case.vocab - 1} for drafts {inputs[0][bad].tolist()}", time.perf_counter() - began)
+        for row, emitted in enumerate(tokens.tolist()):
+            key = emitted[0] if convention == "pitfall" else _outcome(case, emitted)
+            cell = index.get(key)
+            if cell is None:
+                return CaseResult(case.name, done + row, None, None, False,
+                                  f"emitted {emitted} (drafts {inputs[0][row].tolist()}), which has probability 0",
+                                  time.perf_counter() - began)
+            counts[cell] += 1
+        done += size
+    if probs[-1] == 0 and counts[-1] == 0:
+        counts, probs = counts[:-1], probs[:-1]
+    fit = stats.goodness_of_fit(counts, probs)
+    detail = ""
+    passed = fit.p_value >= per_case
+    if passed and case.edges and can_edge:
+        for edge in EDGE_UNIFORMS:
+            inputs = _draw_inputs(case, 64, generator)
+            try:
+                tokens = adapter(fn, *inputs, generator, edge)
+            except Exception as error:  # noqa: BLE001
+                passed = False
+                detail = (f"with every uniform at {edge!r}: raised {type(error).__name__}: "
+                          f"{str(error).splitlines()[0][:120]}")
+                break
+            bad = [row for row, emitted in enumerate(tokens.tolist()) if _outcome(case, emitted) not in index]
+            if bad:
+                passed = False
+                detail = (f"with every uniform at {edge!r}: emitted {tokens[bad[0]].tolist()} for drafts "
+                          f"{inputs[0][bad[0]].tolist()}, which has probability 0")
+                break
+        else:
+            detail = "edges (uniforms 0 and 1 - 2^-24) passed"
+    elif not passed:
+        detail = f"law rejected (p < {per_case:.1e})"
+    tv = stats.detectable_tv(n, stats.pooled(probs, n), false_alarm=per_case)
+    return CaseResult(case.name, n, fit.p_value, tv, passed, detail, time.perf_counter() - began)
+
+
+def _edges_supported(fn, convention) -> bool:
+    if convention == "hf":
+        return True
+    if convention != "probs":
+        return False
+    import inspect
+
+    try:
+        return "randomness" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[AuditCase]] = None,
+                  family_false_alarm: float = stats.FALSE_ALARM_RATE, max_rows: int = 200_000, seed: int = 0,
+                  name: Optional[str] = None, progress: bool = False) -> AuditReport:
+    """Audit the verification rule ``fn`` (see the module docstring) and return the report.
+
+    ``convention`` is ``"probs"``, ``"hf"``, ``"pitfall"`` or an adapter function. Raises ``TypeError``
+    when ``fn`` is not callable and ``ValueError`` for an unknown convention.
+    """
+    if not callable(fn):
+        raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
+    adapter = CONVENTIONS.get(convention) if isinstance(convention, str) else convention
+    if adapter is None or not callable(adapter):
+        raise ValueError(f"unknown convention {convention!r}; known: {', '.join(CONVENTIONS)} or an adapter function")
+    label = convention if isinstance(convention, str) else getattr(convention, "__name__", "custom")
+    cases = default_battery() if cases is None else cases
+    chosen = [c for c in cases if _applies(c, label) is None]
+    if not chosen:
+        raise ValueError(f"no case of the battery applies to the {label!r} convention")
+    report = AuditReport(name or getattr(fn, "__qualname__", repr(fn)), label, family_false_alarm)
+    per_case = family_false_alarm / len(chosen)
+    can_edge = _edges_supported(fn, label)
+    began = time.perf_counter()
+    iterator = chosen
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(chosen, desc="audit", unit="case")
+    for number, case in enumerate(iterator):
+        report.results.append(_run_case(fn, adapter, case, per_case, max_rows, seed + number, can_edge, label))
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def pitfall_power(pitfall, cases: Optional[list[AuditCase]] = None, family_false_alarm: float =
+                  stats.FALSE_ALARM_RATE, max_rows: int = 200_000, max_vocab: int = 64) -> dict[str, float]:
+    """Return the probability that the battery (run with the ``"pitfall"`` convention) rejects ``pitfall``'s
+    sampler, per case and over all of them (key ``"battery"``), from the pitfall's exact law.
+
+    Only cases with a vocabulary up to ``max_vocab`` are counted (exact laws over larger ones are slow),
+    so the battery's figure is a lower bound. Cases are independent, so the battery misses a wrong rule
+    only if every case misses it.
+    """
+    cases = default_battery() if cases is None else cases
+    chosen = [c for c in cases if _applies(c, "pitfall") is None]
+    per_case = family_false_alarm / len(chosen)
+    out, miss = {}, 1.0
+    for case in chosen:
+        if case.vocab > max_vocab:
+            continue
+        p, q = [Fraction(v) for v in case.target(())], [Fraction(v) for v in case.draft(())]
+        law = _law(case)
+        n = _sample_size([law[o] for o in law] + [0.0], case, per_case, max_rows)
+        wrong = pitfall.exact(p, q, **pitfall.options)
+        out[case.name] = stats.power(n, [float(v) for v in p] + [0.0], [float(v) for v in wrong], per_case)
+        miss *= 1 - out[case.name]
+    out["battery"] = 1 - miss
+    return out
+
+
+def pitfall_sampler(pitfall) -> Callable:
+    """Return ``pitfall``'s one-step sampler with its demo options (for the ``"pitfall"`` convention)."""
+    import functools
+
+    options = {key: float(v) if isinstance(v, Fraction) else v for key, v in pitfall.options.items()}
+    return functools.partial(pitfall.sample, **options)
+
+
+def assert_lossless(fn: Callable, **options) -> AuditReport:
+    """Audit ``fn`` and raise ``AssertionError`` with the report's table when any case fails.
+
+    For a team's own CI, e.g. in a pytest file::
+
+        from speculative.audit import assert_lossless
+        from my_engine import verify  # verify(draft_tokens, draft_probs, target_probs, generator)
+
+        def test_verify_is_lossless():
+            assert_lossless(verify)
+
+    A correct rule fails this with probability at most ``family_false_alarm`` (1e-6 by default).
+    """
+    report = audit_sampler(fn, **options)
+    if not report.passed:
+        raise AssertionError("the sampler is not lossless on every case:\n" + report.table())
+    return report
