@@ -110,3 +110,17 @@ def test_cli_exit_codes(tmp_path, capsys):
         assert main(["audit", bad, "--no-progress"]) == 2, bad
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, err
+
+
+@pytest.mark.slow
+def test_hugging_face_sampler_reaches_a_verdict_on_every_case():
+    import transformers  # a requirement of the project (requirements.txt): missing means a broken install
+    from transformers.generation.utils import _speculative_sampling
+
+    report = audit.audit_sampler(_speculative_sampling, convention="hf", name=transformers.__version__)
+    assert len(report.results) == len(audit.default_battery())
+    assert all(r.passed or r.detail for r in report.results)  # every failure says what failed
+    by_name = {r.name: r for r in report.results}
+    # its law is right where random draws decide (the cases without edge runs pass)
+    assert all(by_name[c.name].passed for c in audit.default_battery() if not c.edges), report.table()
+    assert report.seconds < 300

@@ -33,8 +33,9 @@ def test_corpus_errors_name_the_problem(tmp_path):
 
 def test_a_short_training_run_learns_and_logs(tmp_path):
     text = b"def f(x):\n    return x + 1\n\n" * 400
-    model, log = train_model(TINY, text, text, TrainConfig(seconds=3, eval_every_seconds=1, batch_size=8,
-                                                          eval_windows=8), progress=False)
+    # a step budget, not a time budget, so a loaded machine cannot make it learn less (the time limit is a guard)
+    model, log = train_model(TINY, text, text, TrainConfig(seconds=300, eval_every_seconds=0.5, batch_size=8,
+                                                          eval_windows=8, max_steps=150), progress=False)
     history = log["history"]
     assert log["steps"] > 5 and len(history) >= 2
     assert history[-1]["validation_bpb"] < history[0]["validation_bpb"] - 1  # it learned the repetition

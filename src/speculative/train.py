@@ -43,6 +43,7 @@ class TrainConfig:
     distill_weight: float = 0.0  # 0: plain cross-entropy; > 0: mix in KL to the teacher
     seed: int = 0
     device: str = "cpu"
+    max_steps: Optional[int] = None  # also stop after this many steps (schedule by steps): runs that load can't change
 
 
 def byte_tensor(data: bytes) -> torch.Tensor:
@@ -120,16 +121,17 @@ def train_model(
     train_bpb = float("nan")
     while True:
         elapsed = time.perf_counter() - start
-        if elapsed - last_eval >= settings.eval_every_seconds or elapsed >= settings.seconds:
+        done = elapsed >= settings.seconds or (settings.max_steps is not None and step >= settings.max_steps)
+        if elapsed - last_eval >= settings.eval_every_seconds or done:
             val = bits_per_byte(model, validation_bytes, settings.eval_windows, device=device)
             history.append({"seconds": round(elapsed, 1), "step": step,
                             "tokens": step * settings.batch_size * config.context,
                             "train_bpb": round(train_bpb, 4), "validation_bpb": round(val, 4)})
             bar.set_postfix(step=step, val_bpb=f"{val:.3f}")
             last_eval = elapsed
-        if elapsed >= settings.seconds:
+        if done:
             break
-        fraction = min(elapsed / settings.seconds, 1.0)
+        fraction = min(elapsed / settings.seconds if settings.max_steps is None else step / settings.max_steps, 1.0)
         warm = min(1.0, (step + 1) / settings.warmup_steps)
         lr = settings.min_learning_rate + (settings.learning_rate - settings.min_learning_rate) * warm * 0.5 * (
             1 + math.cos(math.pi * fraction))
