@@ -51,10 +51,17 @@ from . import exact, stats
 from .transforms import SamplingConfig, logits_to_probs
 
 __all__ = ["AuditCase", "CaseResult", "AuditReport", "default_battery", "audit_sampler", "assert_lossless",
-           "pitfall_power", "pitfall_sampler", "CONVENTIONS", "EDGE_UNIFORMS"]
+           "pitfall_power", "pitfall_sampler", "CONVENTIONS", "EDGE_UNIFORMS", "EDGE_ROWS", "MAX_ROWS"]
 
-#: The uniforms an edge run fixes every draw to: 0, and the largest float32 below 1.
+#: The uniforms an edge run fixes every draw to: 0, and the largest float32 below 1 (1 - 2^-24).
 EDGE_UNIFORMS = (0.0, float(np.nextafter(np.float32(1), np.float32(0))))
+_EDGE_NAMES = {EDGE_UNIFORMS[0]: "0", EDGE_UNIFORMS[1]: "1 − 2⁻²⁴"}
+#: The default cap on each case's sample, per convention: Hugging Face's function takes one row per call.
+MAX_ROWS = {"probs": 200_000, "pitfall": 200_000, "hf": 20_000}
+#: Rows per edge run.
+EDGE_ROWS = 64
+#: The mass a "first" case gives a rejected token whose exact residual is 0 but whose p is not.
+ROUNDING_MASS = 1e-15
 
 
 @dataclass
@@ -108,7 +115,7 @@ class AuditReport:
         """Return the report as a Markdown table with the overall verdict under it."""
         lines = ["| case | n | p-value | detectable TV | verdict |", "|---|---:|---:|---:|---|"]
         for r in self.results:
-            p = "—" if r.p_value is None else f"{r.p_value:.3g}"
+            p = "—" if r.p_value is None else _readable(r.p_value)
             tv = "—" if r.detectable_tv is None else f"{r.detectable_tv:.3f}"
             verdict = "pass" if r.passed else "**FAIL**"
             lines.append(f"| {r.name} | {r.n:,} | {p} | {tv} | {verdict}{': ' + r.detail if r.detail else ''} |")
@@ -116,7 +123,7 @@ class AuditReport:
         lines.append("")
         lines.append(f"{self.sampler} ({self.convention}): "
                      + ("every case passed" if not failed else f"{failed} of {len(self.results)} cases failed")
-                     + f"; family-wise false-alarm rate {self.family_false_alarm:g}; {self.seconds:.1f} s.")
+                     + f"; family-wise false-alarm rate {_readable(self.family_false_alarm)}; {self.seconds:.1f} s.")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -125,13 +132,21 @@ class AuditReport:
                            "results": [asdict(r) for r in self.results]}, indent=2)
 
 
+def _readable(value: float) -> str:
+    from .book import scientific
+
+    return "0" if value == 0 else (f"{value:.3g}" if value >= 1e-3 else scientific(value).text)
+
+
 # --------------------------------------------------------------------------- the battery
 
 
-def _constant(probs: Sequence) -> Callable:
+def _constant(probs: Sequence, normalise: bool = True) -> Callable:
+    """A context-free table: ``probs`` as exact Fractions, normalised unless ``normalise=False`` (rows that
+    must reach the sampler exactly as float32 rounding left them)."""
     table = [Fraction(v) for v in probs]
     total = sum(table)
-    table = [v / total for v in table]
+    table = [v / total for v in table] if normalise else table
     return lambda context: table
 
 
@@ -150,10 +165,25 @@ def _float_pair(vocab: int, seed: int, config: SamplingConfig = SamplingConfig()
 
 
 def _near_equal(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """p <= q elementwise, equal up to float32 rounding: the residual max(p - q, 0) is all zero."""
-    q = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(seed)), 0)
-    p = torch.where(torch.arange(vocab) % 2 == 0, torch.nextafter(q, torch.zeros_like(q)), q)
-    return p, q
+    """Float32 rows with p <= q at every token and p < q at one: max(p - q, 0) is all zero.
+
+    q is a softmax; p is q with one small entry lowered (p is not renormalised, as a rounding shortfall
+    would leave it). The entry and the step are chosen so that the property survives the round trip the
+    ``"hf"`` adapter makes (log, then the sampler's own softmax), so every convention sees a zero residual.
+    """
+    q = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 2, 0)
+
+    def zero_residual(a, b):
+        return bool((a <= b).all() and (a < b).any())
+
+    for token in torch.argsort(q)[:8].tolist():
+        for step in (1e-2, 3e-3, 1e-3, 3e-4, 1e-4):
+            p = q.clone()
+            p[token] = q[token] * (1 - step)
+            seen_p, seen_q = (x.log().reshape(1, 1, -1).softmax(-1).reshape(-1) for x in (p, q))
+            if zero_residual(p, q) and zero_residual(seen_p, seen_q):
+                return p, q
+    raise RuntimeError(f"no zero-residual pair found for seed {seed}")
 
 
 def default_battery() -> list[AuditCase]:
@@ -183,8 +213,9 @@ def default_battery() -> list[AuditCase]:
     cases.append(AuditCase("near one-hot pair", 64, 1, _constant(p.tolist()), _constant(q.tolist()), law="first",
                            tv=0.03, context_free=True))
     p, q = _near_equal(64, seed=13)
-    cases.append(AuditCase("equal up to rounding, zero residual", 64, 1, _constant(p.tolist()),
-                           _constant(q.tolist()), law="first", tv=0.05, edges=True, context_free=True))
+    cases.append(AuditCase("equal up to rounding, zero residual", 64, 1, _constant(p.tolist(), normalise=False),
+                           _constant(q.tolist(), normalise=False), law="first", tv=0.05, edges=True,
+                           context_free=True))
     for gamma in (1, 2, 3, 4):
         cases.append(AuditCase(f"context-dependent tables, k = {gamma}", 4, gamma,
                                exact.RandomTableModel(4, 100 + gamma), exact.RandomTableModel(4, 200 + gamma),
@@ -218,9 +249,13 @@ def _law(case: AuditCase) -> dict[tuple, float]:
     for token in range(case.vocab):
         if min(p[token], q[token]) > 0:
             law[(token, True)] = float(min(p[token], q[token]))
-        if p[token] > q[token]:
-            law[(token, False)] = float(p[token] - q[token])
-    return law
+        if p[token] > 0:
+            # after a rejection the residual decides; where it is 0 only float rounding can put mass, so the
+            # cell gets a negligible mass instead of none: emitting it is a deviation for the chi-square
+            # test to weigh, not an impossibility (a token with p = 0 stays impossible)
+            law[(token, False)] = float(max(p[token] - q[token], ROUNDING_MASS))
+    total = sum(law.values())
+    return {key: value / total for key, value in law.items()}
 
 
 def _outcome(case: AuditCase, row: Sequence[int]) -> tuple:
@@ -387,24 +422,27 @@ def _run_case(fn, adapter, case: AuditCase, per_case: float, max_rows: int, seed
     passed = fit.p_value >= per_case
     if passed and case.edges and can_edge:
         for edge in EDGE_UNIFORMS:
-            inputs = _draw_inputs(case, 64, generator)
+            inputs = _draw_inputs(case, EDGE_ROWS, generator)
+            if case.context_free:  # draft every token q can draft, in turn, so each path is driven
+                support = (case.probs(case.draft, ()) > 0).nonzero().reshape(-1)
+                inputs[0][:, 0] = support[torch.arange(EDGE_ROWS) % support.numel()]
             try:
                 tokens = adapter(fn, *inputs, generator, edge)
             except Exception as error:  # noqa: BLE001
                 passed = False
-                detail = (f"with every uniform at {edge!r}: raised {type(error).__name__}: "
+                detail = (f"with every uniform at {_EDGE_NAMES[edge]} it raised {type(error).__name__}: "
                           f"{str(error).splitlines()[0][:120]}")
                 break
             bad = [row for row, emitted in enumerate(tokens.tolist()) if _outcome(case, emitted) not in index]
             if bad:
                 passed = False
-                detail = (f"with every uniform at {edge!r}: emitted {tokens[bad[0]].tolist()} for drafts "
-                          f"{inputs[0][bad[0]].tolist()}, which the exact law rules out")
+                detail = (f"with every uniform at {_EDGE_NAMES[edge]} it emitted {tokens[bad[0]].tolist()} for "
+                          f"drafts {inputs[0][bad[0]].tolist()}, which the exact law rules out")
                 break
         else:
-            detail = "edges (uniforms 0 and 1 - 2^-24) passed"
+            detail = "edges (every uniform at 0, then at 1 − 2⁻²⁴) passed"
     elif not passed:
-        detail = f"law rejected (p < {per_case:.1e})"
+        detail = f"law rejected (p < {_readable(per_case)})"
     tv = stats.detectable_tv(n, stats.pooled(probs, n), false_alarm=per_case)
     return CaseResult(case.name, n, fit.p_value, tv, passed, detail, time.perf_counter() - began)
 
@@ -428,8 +466,8 @@ def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[Audi
     """Audit the verification rule ``fn`` (see the module docstring) and return the report.
 
     ``convention`` is ``"probs"``, ``"hf"``, ``"pitfall"`` or an adapter function. ``max_rows`` caps each
-    case's sample (default 200,000; 5,000 for ``"hf"``, whose function takes one row per call and about a
-    millisecond each, so that an audit stays near a minute; the report shows the TV each sample detects).
+    case's sample (default 200,000; 20,000 for ``"hf"``, whose function takes one row per call, so that its
+    audit stays near a minute on 2 CPU cores; the report shows the TV each sample detects).
     Raises ``TypeError`` when ``fn`` is not callable and ``ValueError`` for an unknown convention.
     """
     if not callable(fn):
@@ -439,7 +477,7 @@ def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[Audi
         raise ValueError(f"unknown convention {convention!r}; known: {', '.join(CONVENTIONS)} or an adapter function")
     label = convention if isinstance(convention, str) else getattr(convention, "__name__", "custom")
     if max_rows is None:
-        max_rows = 5_000 if label == "hf" else 200_000
+        max_rows = MAX_ROWS.get(label, MAX_ROWS["probs"])
     cases = default_battery() if cases is None else cases
     chosen = [c for c in cases if _applies(c, label) is None]
     if not chosen:
@@ -476,6 +514,7 @@ def pitfall_power(pitfall, cases: Optional[list[AuditCase]] = None, family_false
         if case.vocab > max_vocab:
             continue
         p, q = [Fraction(v) for v in case.target(())], [Fraction(v) for v in case.draft(())]
+        p, q = [v / sum(p) for v in p], [v / sum(q) for v in q]  # exact laws need rows that sum to 1
         law = _law(case)
         n = _sample_size([law[o] for o in law] + [0.0], case, per_case, max_rows)
         wrong = pitfall.exact(p, q, **pitfall.options)
