@@ -105,8 +105,11 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert main(["audit", "speculative.sampler:rejection_sample", "--no-progress", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["passed"] is True
     assert "every case passed" in capsys.readouterr().out
+    # an entry of the gallery, with its demo options (here the 1% rounding shortfall that makes it bite)
+    assert main(["audit", "pitfall:unguarded_zero_residual", "--no-progress"]) == 1
+    assert "FAIL" in capsys.readouterr().out
     for bad in ("nosuch.module:f", "speculative.sampler:nothing", "speculative.sampler", "speculative.defaults:PROMPTS",
-                "speculative.book:glue"):
+                "speculative.book:glue", "pitfall:nosuch"):
         assert main(["audit", bad, "--no-progress"]) == 2, bad
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, err

@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", help="test a verification rule against exact laws, with stated error rates",
         description="Audit a verification rule: exit 0 when every case passes, 1 when any fails, 2 when the "
         "audit cannot run.", formatter_class=formatter)
-    audit.add_argument("sampler", metavar="MODULE:FUNCTION|hf",
-                       help="the rule to audit, e.g. speculative.sampler:rejection_sample; 'hf' audits the "
+    audit.add_argument("sampler", metavar="MODULE:FUNCTION|pitfall:KEY|hf",
+                       help="the rule to audit, e.g. speculative.sampler:rejection_sample; pitfall:KEY audits an "
+                       "entry of the gallery (python -m speculative verify lists the keys); 'hf' audits the "
                        "installed transformers' _speculative_sampling")
     audit.add_argument("--convention", choices=("probs", "hf", "pitfall"), default=None,
                        help="how the function is called (default: hf for 'hf', else probs)")
@@ -203,7 +204,8 @@ def _run_verify(args) -> int:
 
 
 def _load_sampler(spec: str):
-    """Return (function, convention, name) for ``MODULE:FUNCTION`` or ``hf``; ValueError says what failed."""
+    """Return (function, convention, name) for ``MODULE:FUNCTION``, ``pitfall:KEY`` or ``hf``; a ValueError
+    says what failed."""
     import importlib
 
     if spec == "hf":
@@ -214,9 +216,14 @@ def _load_sampler(spec: str):
             raise ValueError(f"cannot import transformers' _speculative_sampling ({error}); "
                              "pip install transformers") from None
         return _speculative_sampling, "hf", f"transformers {transformers.__version__} _speculative_sampling"
+    if spec.startswith("pitfall:"):  # an entry of the gallery, with the demo options it has in chapter 05
+        from .audit import pitfall_sampler
+        from .pitfalls import find
+
+        return pitfall_sampler(find(spec.partition(":")[2])), "pitfall", spec
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"expected MODULE:FUNCTION or hf, got {spec!r}")
+        raise ValueError(f"expected MODULE:FUNCTION, pitfall:KEY or hf, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
