@@ -93,6 +93,18 @@ def test_a_rule_that_accepts_a_token_with_p_zero_at_u_zero_is_caught_at_the_edge
     assert not result.passed and "every uniform at 0 it emitted" in result.detail, result
 
 
+def test_what_the_sampler_writes_stays_in_a_scratch_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def writes(draft_tokens, draft_probs, target_probs, generator):
+        with open("left-behind.txt", "a") as handle:
+            handle.write("x")
+        return rejection_sample(draft_tokens, draft_probs, target_probs, generator)
+
+    assert audit.audit_sampler(writes, cases=audit.default_battery()[:1]).passed
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_input_is_one_clear_error():
     with pytest.raises(TypeError, match="callable"):
         audit.audit_sampler(3)

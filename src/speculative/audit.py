@@ -491,8 +491,14 @@ def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[Audi
         from tqdm.auto import tqdm
 
         iterator = tqdm(chosen, desc="audit", unit="case")
-    for number, case in enumerate(iterator):
-        report.results.append(_run_case(fn, adapter, case, per_case, max_rows, seed + number, can_edge, label))
+    import tempfile
+
+    # the sampler runs in a scratch folder that is deleted afterwards, so a relative write cannot land in
+    # the caller's folder (an absolute path still can: the audit does not sandbox the code it calls)
+    with tempfile.TemporaryDirectory(prefix="speculative-audit-") as scratch, contextlib.chdir(scratch):
+        for number, case in enumerate(iterator):
+            report.results.append(_run_case(fn, adapter, case, per_case, max_rows, seed + number, can_edge,
+                                            label))
     report.seconds = time.perf_counter() - began
     return report
 
