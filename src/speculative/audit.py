@@ -13,9 +13,10 @@ emits, and tests the counts against that law with a chi-square test (:mod:`stats
   the draft was accepted: P(x, accepted) = min(p, q)(x), P(x, rejected) = max(p - q, 0)(x).
 
 Error rates. The battery's family-wise false-alarm rate is ``family_false_alarm`` (1e-6 by default),
-split equally over the cases (Bonferroni), so a correct sampler fails an audit with at most that
+split equally over the cases (Bonferroni), so a correct sampler fails an audit with about that
 probability. Each case's sample size comes from :func:`stats.samples_needed` for the case's stated total
-variation distance at power 0.99; the report prints the distance the sample actually detects.
+variation distance at power 0.99, up to a cap (:data:`MAX_ROWS`); the report prints the distance the
+sample actually detects.
 
 Hard failures end a case at once and are reported with the input that caused them: an exception, a
 result of the wrong shape, an id outside the vocabulary, or an emitted outcome the exact law gives
@@ -549,7 +550,8 @@ def assert_lossless(fn: Callable, **options) -> AuditReport:
         def test_verify_is_lossless():
             assert_lossless(verify)
 
-    A correct rule fails this with probability at most ``family_false_alarm`` (1e-6 by default).
+    A correct rule fails this with probability about ``family_false_alarm`` (1e-6 by default; the p-values
+    rest on the chi-square approximation).
     """
     report = audit_sampler(fn, **options)
     if not report.passed:
