@@ -1,6 +1,7 @@
 """Exact enumeration of speculative sampling with ``fractions.Fraction``: no model, no seed, no sampling.
 
-Explained in: notebooks/03_three_tokens (one step, blocks) and notebooks/01_lossless (the claim).
+Explained in: notebooks/03_three_tokens (one step, blocks), notebooks/01_lossless (the claim) and
+notebooks/10_beyond_one_draft (block verification, several drafts, trees).
 
 A *toy autoregressive model* is any callable that maps a context (a tuple of token ids) to a distribution
 over the vocabulary, given as a sequence of Fractions. :class:`RandomTableModel` makes reproducible ones.
@@ -26,6 +27,12 @@ __all__ = [
     "speculative_sequence_law",
     "target_sequence_law",
     "law_total_variation",
+    "SCHEMES",
+    "block_verification_law",
+    "multi_draft_step",
+    "tree_law",
+    "sequence_law",
+    "expected_length",
 ]
 
 ToyModel = Callable[[tuple], Sequence[Fraction]]
@@ -183,3 +190,202 @@ def law_total_variation(first: dict, second: dict) -> Fraction:
     """Return the total variation distance between two laws given as {outcome: probability} dicts."""
     outcomes = set(first) | set(second)
     return sum((abs(first.get(o, 0) - second.get(o, 0)) for o in outcomes), Fraction(0)) / 2
+
+
+# --------------------------------------------------------------------------- beyond one draft
+
+
+def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, gamma: int) -> dict[tuple, Fraction]:
+    """Return the exact law of one block under *block verification* (Sun et al., ICLR 2025, Algorithm 2).
+
+    The draft proposes x1..x_gamma from q. With p_0 = 1 and p_i = min(1, p_{i-1} * p(x_i) / q(x_i)) (each
+    ratio taken at its own position), the residual mass after i accepted drafts is
+    m_i = sum_y max(p_i * p(y | x_<=i) - q(y | x_<=i), 0). Position i < gamma is *kept* with probability
+    h_i = m_i / (m_i + 1 - p_i) (1 when that is 0 / 0), position gamma with h_gamma = p_gamma; the block
+    accepts tau = the largest kept position (0 if none), all decided jointly. The extra token comes from
+    p when tau = gamma, else from the normalised weights max(p_tau * p(. | x_<=tau) - q(. | x_<=tau), 0).
+    Unlike token-wise verification, a draft that would fail its own test can be kept when a later one is.
+    Every draft sequence is enumerated (V^gamma of them), so keep V and gamma small.
+    """
+    _check_gamma(gamma)
+    context = tuple(context)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+
+    def finish(drafts: tuple, prob: Fraction) -> None:
+        targets = [validate_distribution(target(context + drafts[:i]), "target") for i in range(gamma + 1)]
+        drafts_q = [validate_distribution(draft(context + drafts[:i]), "draft") for i in range(gamma)]
+        ratio = [Fraction(1)]
+        for i, token in enumerate(drafts):
+            ratio.append(min(Fraction(1), ratio[-1] * targets[i][token] / drafts_q[i][token]))
+        weights = [[max(ratio[i] * pt - qt, 0) for pt, qt in zip(targets[i], drafts_q[i])] for i in range(gamma)]
+        keep = [Fraction(1)]  # keep[0] is unused: tau = 0 is what is left when no position is kept
+        for i in range(1, gamma):
+            mass = sum(weights[i])
+            denominator = mass + 1 - ratio[i]
+            keep.append(Fraction(1) if denominator == 0 else mass / denominator)
+        keep.append(ratio[gamma])
+        none_later = Fraction(1)  # P(no position after tau is kept)
+        for tau in range(gamma, -1, -1):
+            chance = none_later * (keep[tau] if tau else 1)
+            if tau:
+                none_later *= 1 - keep[tau]
+            if chance == 0:
+                continue
+            final = targets[gamma] if tau == gamma else weights[tau]
+            mass = sum(final)
+            final = targets[tau] if mass == 0 else [w / mass for w in final]  # mass 0 only at chance 0
+            for token, f in enumerate(final):
+                if f:
+                    law[drafts[:tau] + (token,)] += prob * chance * f
+
+    def draw(drafts: tuple, prob: Fraction) -> None:
+        if len(drafts) == gamma:
+            finish(drafts, prob)
+            return
+        for token, q in enumerate(validate_distribution(draft(context + drafts), "draft")):
+            if q:
+                draw(drafts + (token,), prob * q)
+
+    draw((), Fraction(1))
+    return dict(law)
+
+
+#: How several drafts at one position are drawn and judged (see :func:`multi_draft_step`).
+SCHEMES = ("with_replacement", "without_replacement", "top_k",
+           "without_replacement_unadjusted", "top_k_threshold")
+
+
+def _renormalised_without(probs: list, token: int) -> list:
+    left = [Fraction(0) if t == token else v for t, v in enumerate(probs)]
+    mass = sum(left)
+    return [v / mass for v in left] if mass else left
+
+
+def multi_draft_step(target_probs: Sequence, draft_probs: Sequence, drafts: int, scheme: str = "with_replacement",
+                     threshold=Fraction(1)) -> dict[str, object]:
+    """Return the exact law of one position verified against ``drafts`` candidate tokens.
+
+    ``accepted[y]`` is P(candidate y is accepted), ``residual[y]`` P(every candidate is rejected and the
+    final token is y); their sum is the law of the emitted token, and ``acceptance`` = sum(accepted).
+    The schemes (the first three are lossless):
+
+    - ``with_replacement``: candidates drawn i.i.d. from q, tried in turn by recursive rejection sampling
+      (SpecInfer): accept x with min(1, r(x)/q(x)), else r <- norm(max(r - q, 0)); r starts at p.
+    - ``without_replacement``: each candidate drawn from q renormalised over the tokens not yet tried,
+      and judged against that same renormalised q in the ratio and the residual (Recursive Speculative
+      Decoding; EAGLE's sampling path).
+    - ``top_k``: the candidates are the ``drafts`` most likely tokens of q (ties to the lower id), a fixed
+      list; one uniform u accepts the j-th when the running sum of p over the list first reaches u, and
+      if none does the token is drawn from p with the list removed (SGLang's tree rule, thresholds 1).
+    - ``without_replacement_unadjusted`` (wrong): drawn without replacement, judged against the plain q.
+    - ``top_k_threshold`` (wrong for ``threshold`` < 1): as ``top_k``, with the running sum divided by
+      ``threshold`` (SGLang's ``threshold_acc``).
+    """
+    p, q = validate_pair(target_probs, draft_probs)
+    if isinstance(drafts, bool) or not isinstance(drafts, int) or drafts < 1:
+        raise ValueError(f"drafts (candidates per position) must be an integer >= 1, got {drafts!r}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+    vocab = len(p)
+    accepted, final = [0 * v for v in p], [0 * v for v in p]
+    if scheme in ("top_k", "top_k_threshold"):
+        limit = Fraction(threshold) if scheme == "top_k_threshold" else Fraction(1)
+        if not 0 < limit <= 1:
+            raise ValueError(f"threshold must lie in (0, 1], got {threshold}")
+        ranked = sorted((t for t in range(vocab) if q[t] > 0), key=lambda t: (-q[t], t))[:drafts]
+        running, below = Fraction(0), Fraction(0)  # P(u <= running sum / limit), clipped to 1
+        for token in ranked:
+            running += p[token]
+            reach = min(Fraction(1), running / limit)
+            accepted[token] += reach - below
+            below = reach
+        rest = [Fraction(0) if t in ranked else v for t, v in enumerate(p)]
+        mass = sum(rest)
+        if below < 1 and mass:
+            final = [(1 - below) * v / mass for v in rest]
+        return {"accepted": accepted, "residual": final, "output": [a + f for a, f in zip(accepted, final)],
+                "acceptance": sum(accepted)}
+
+    def walk(tried: int, r: list, proposal: list, prob: Fraction) -> None:
+        if tried == drafts or not any(proposal):
+            for token, value in enumerate(r):
+                final[token] += prob * value
+            return
+        judge = q if scheme == "without_replacement_unadjusted" else proposal
+        for token, chance in enumerate(proposal):
+            if chance == 0:
+                continue
+            accept = min(Fraction(1), r[token] / judge[token]) if judge[token] else Fraction(1)
+            accepted[token] += prob * chance * accept
+            if accept < 1:
+                next_r = normalized_residual(r, judge)
+                next_proposal = proposal if scheme == "with_replacement" else _renormalised_without(proposal, token)
+                walk(tried + 1, next_r, next_proposal, prob * chance * (1 - accept))
+
+    walk(0, list(p), list(q), Fraction(1))
+    return {"accepted": accepted, "residual": final, "output": [a + f for a, f in zip(accepted, final)],
+            "acceptance": sum(accepted)}
+
+
+def tree_law(target: ToyModel, draft: ToyModel, context: tuple, branching: Sequence[int],
+             scheme: str = "with_replacement", threshold=Fraction(1)) -> dict[tuple, Fraction]:
+    """Return the exact law of one block of a draft *tree* verified from the root down.
+
+    ``branching[d]`` is how many candidates each node at depth d gets, so ``(1,) * gamma`` is one chain
+    (token-wise verification), ``(k, 1, ..., 1)`` is k independent chains sharing the root and
+    ``(k,) * gamma`` a full tree. At each node the candidates are verified by :func:`multi_draft_step`
+    with ``scheme``; an accepted candidate's own children are then verified against the target at the
+    context it extends (its subtree was drafted from q at that context, independently of its siblings);
+    if every candidate is rejected, the block ends with the node's final token; below the last level the
+    target adds the bonus token.
+    """
+    if not branching:
+        raise ValueError("branching must list the candidates per level, at least one level")
+    context = tuple(context)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+
+    def node(prefix: tuple, prob: Fraction, depth: int) -> None:
+        here = context + prefix
+        p = validate_distribution(target(here), f"target{here}")
+        if depth == len(branching):
+            for token, value in enumerate(p):
+                if value:
+                    law[prefix + (token,)] += prob * value
+            return
+        step = multi_draft_step(p, draft(here), branching[depth], scheme, threshold)
+        for token, (a, f) in enumerate(zip(step["accepted"], step["residual"])):
+            if a:
+                node(prefix + (token,), prob * a, depth + 1)
+            if f:
+                law[prefix + (token,)] += prob * f
+
+    node((), Fraction(1), 0)
+    return dict(law)
+
+
+def sequence_law(block: Callable[[tuple], dict], context: tuple, n_tokens: int) -> dict[tuple, Fraction]:
+    """Return the exact law of the first ``n_tokens`` tokens emitted by repeating any block rule.
+
+    ``block(context)`` returns the law of one block's emitted tokens after ``context`` (for example
+    ``lambda c: block_verification_law(p, q, c, 3)``). A rule keeps the target's law exactly when this
+    equals :func:`target_sequence_law` for every ``n_tokens``.
+    """
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    context = tuple(context)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+
+    def run(emitted: tuple, prob: Fraction) -> None:
+        if len(emitted) >= n_tokens:
+            law[emitted[:n_tokens]] += prob
+            return
+        for tokens, block_prob in block(context + emitted).items():
+            run(emitted + tokens, prob * block_prob)
+
+    run((), Fraction(1))
+    return dict(law)
+
+
+def expected_length(law: dict) -> Fraction:
+    """Return the expected number of tokens one block emits (tokens per target call), exactly."""
+    return sum((prob * len(tokens) for tokens, prob in law.items()), Fraction(0))

@@ -42,7 +42,8 @@ from typing import Optional
 import torch
 
 __all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample",
-           "reference_rejection_sample"]
+           "reference_rejection_sample", "block_verify_sample", "RULES", "rule_sampler", "draw_candidates",
+           "MultiDraftOutput", "multi_draft_sample"]
 
 _FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 #: The slack every row sum gets: a float32 softmax, normalised, sums to 1 within far less than this.
@@ -145,6 +146,36 @@ def _check_values(draft_tokens, draft_probs, target_probs, uniforms, allow_zero_
                              "from?); pass allow_zero_draft_prob=True if that is intended")
 
 
+def _prepare(draft_tokens, draft_probs, target_probs, generator, randomness, check_values, allow_zero_draft_prob):
+    """Return the call's randomness after checking it (and, with ``check_values``, the inputs' values)."""
+    batch, k = draft_tokens.shape
+    if randomness is None:
+        if generator is None:
+            raise ValueError("pass a torch.Generator (the library never uses the global RNG) or randomness")
+        randomness = draw_randomness(batch, k, generator, device=target_probs.device)
+    if tuple(randomness.uniforms.shape) != (batch, k + 1):
+        raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), "
+                         f"got {tuple(randomness.uniforms.shape)}")
+    if batch and check_values:
+        _check_values(draft_tokens, draft_probs, target_probs, randomness.uniforms, allow_zero_draft_prob)
+    return randomness
+
+
+def _empty(k: int, device) -> SamplerOutput:
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    return SamplerOutput(tokens=empty.reshape(0, k + 1), num_accepted=empty, num_emitted=empty.clone())
+
+
+def _emit(tokens: torch.Tensor, num_accepted: torch.Tensor, final: torch.Tensor) -> SamplerOutput:
+    """Return the accepted prefix of ``tokens`` (B, k), then ``final``, padded with -1 to k + 1 columns."""
+    batch, k = tokens.shape
+    positions = torch.arange(k + 1, device=tokens.device).unsqueeze(0)  # (1, k+1)
+    padded = torch.cat([tokens, torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device)], dim=1)
+    out = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
+    out.scatter_(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
+    return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+
+
 def rejection_sample(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -167,18 +198,10 @@ def rejection_sample(
     but garbage in then gives garbage out. An empty batch returns an empty result.
     """
     batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs)
-    if randomness is None:
-        if generator is None:
-            raise ValueError("pass a torch.Generator (the library never uses the global RNG) or randomness")
-        randomness = draw_randomness(batch, k, generator, device=target_probs.device)
-    if tuple(randomness.uniforms.shape) != (batch, k + 1):
-        raise ValueError(f"randomness.uniforms must have shape ({batch}, {k + 1}), "
-                         f"got {tuple(randomness.uniforms.shape)}")
+    randomness = _prepare(draft_tokens, draft_probs, target_probs, generator, randomness, check_values,
+                          allow_zero_draft_prob)
     if batch == 0:
-        empty = torch.empty(0, dtype=torch.long, device=target_probs.device)
-        return SamplerOutput(tokens=empty.reshape(0, k + 1), num_accepted=empty, num_emitted=empty.clone())
-    if check_values:
-        _check_values(draft_tokens, draft_probs, target_probs, randomness.uniforms, allow_zero_draft_prob)
+        return _empty(k, target_probs.device)
     tokens = draft_tokens.long()
     index = tokens.unsqueeze(-1)  # (B, k, 1)
     q_drafted = draft_probs.gather(-1, index).squeeze(-1).double()  # (B, k)
@@ -195,15 +218,11 @@ def rejection_sample(
     q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V)
     q_final = q_final * (num_accepted < k).unsqueeze(1)  # rows with n = k: q = 0, so the weights are p
     final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k])
-
-    positions = torch.arange(k + 1, device=tokens.device).unsqueeze(0)  # (1, k+1)
-    padded = torch.cat([tokens, torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device)], dim=1)
-    out = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
-    out.scatter_(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
-    return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+    return _emit(tokens, num_accepted, final)
 
 
-def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor,
+                 scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Return one token per row of weights max(p - q, 0) (falling back to p), by inverse-CDF sampling.
 
     The weights are computed in float32 (float64 for float64 inputs) and summed in float64. Every branch
@@ -211,6 +230,8 @@ def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Te
     """
     compute = torch.float64 if p_final.dtype == torch.float64 else torch.float32
     p_weights = p_final.to(compute).nan_to_num(nan=0.0).clamp_(min=0.0)  # (B, V)
+    if scale is not None:  # block verification: weights max(scale * p - q, 0), scale in [0, 1] per row
+        p_weights = p_weights * scale.to(compute).unsqueeze(1)
     weights = (p_weights - q_final.to(compute).nan_to_num(nan=0.0)).clamp_(min=0.0)  # unnormalised residual
     empty = ~(weights.sum(dim=-1, dtype=torch.float64) > 0)  # p = q up to rounding: sample from p instead
     weights = torch.where(empty.unsqueeze(1), p_weights, weights)
@@ -272,3 +293,182 @@ def reference_rejection_sample(
         tokens[b, n] = next(t for t, c in enumerate(running) if c > threshold)
         num_accepted[b] = n
     return SamplerOutput(tokens=tokens, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+
+
+# --------------------------------------------------------------------------- beyond token-wise verification
+
+
+def block_verify_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: Optional[torch.Generator] = None,
+    *,
+    randomness: Optional[Randomness] = None,
+    check_values: bool = True,
+    allow_zero_draft_prob: bool = False,
+) -> SamplerOutput:
+    """Verify the drafted blocks jointly (block verification, Sun et al., ICLR 2025): a drop-in for
+    :func:`rejection_sample`, with its arguments, checks, randomness and output.
+
+    With p_0 = 1 and p_i = min(1, p_{i-1} * p(x_i) / q(x_i)), position i < k is kept when
+    u_i * (m_i + 1 - p_i) < m_i, where m_i = sum_y max(p_i * p(y) - q(y), 0) at position i (always when
+    p_i = 1), and position k when u_k < p_k. The row accepts tau drafts, tau the largest kept position
+    (0 if none), and adds a token drawn from max(p_tau * p - q, 0) at position tau (p_0 = 1: the
+    token-wise residual), or the bonus token from p when tau = k. The exact law is
+    :func:`exact.block_verification_law`. As in :func:`rejection_sample`, nothing is read back to the
+    host without ``check_values``, the final draw needs no division, and a row whose weights have no
+    positive mass (p = q up to rounding) draws from p instead. Acceptance tests run in float64; the
+    residual weights in float32 (float64 for float64 inputs).
+    """
+    batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs)
+    randomness = _prepare(draft_tokens, draft_probs, target_probs, generator, randomness, check_values,
+                          allow_zero_draft_prob)
+    if batch == 0:
+        return _empty(k, target_probs.device)
+    tokens = draft_tokens.long()
+    index = tokens.unsqueeze(-1)
+    q_drafted = draft_probs.gather(-1, index).squeeze(-1).double()  # (B, k)
+    p_drafted = target_probs[:, :k].gather(-1, index).squeeze(-1).double()
+    # p(x)/q(x); q(x) = 0 only for unchecked inputs: any p(x) > 0 then counts as a ratio above 1
+    ratio = torch.where(q_drafted > 0, p_drafted / torch.where(q_drafted > 0, q_drafted, 1.0),
+                        (p_drafted > 0).double() * 2)
+    running, current = [], torch.ones(batch, dtype=torch.float64, device=tokens.device)
+    for i in range(k):  # k is small (the draft length): a loop of k elementwise steps
+        current = torch.clamp(current * ratio[:, i], max=1.0)
+        running.append(current)
+    running = torch.stack(running, 1)  # (B, k): p_1 .. p_k
+    uniforms = randomness.uniforms
+    kept = [uniforms[:, k - 1] < running[:, k - 1]]  # position k: kept with probability p_k
+    if k > 1:
+        compute = torch.float64 if target_probs.dtype == torch.float64 else torch.float32
+        scaled = running[:, :k - 1].to(compute).unsqueeze(-1) * target_probs[:, 1:k].to(compute)
+        mass = (scaled - draft_probs[:, 1:k].to(compute)).clamp_(min=0).sum(-1, dtype=torch.float64)  # (B, k-1)
+        inner = (running[:, :k - 1] >= 1) | (uniforms[:, :k - 1] * (mass + 1 - running[:, :k - 1]) < mass)
+        kept = list(inner.unbind(1)) + kept
+    kept = torch.stack(kept, 1)  # (B, k): position i + 1 kept?
+    positions = torch.arange(1, k + 1, device=tokens.device)
+    num_accepted = torch.where(kept, positions, 0).amax(dim=1)  # tau: the largest kept position, or 0
+    rows = torch.arange(batch, device=tokens.device)
+    p_final = target_probs.reshape(batch * (k + 1), vocab).index_select(0, rows * (k + 1) + num_accepted)
+    q_final = draft_probs.reshape(batch * k, vocab).index_select(0, rows * k + num_accepted.clamp(max=k - 1))
+    q_final = q_final * (num_accepted < k).unsqueeze(1)  # tau = k: q = 0 and the weights are p (bonus token)
+    scale = torch.cat([torch.ones(batch, 1, dtype=torch.float64, device=tokens.device), running], 1)
+    scale = scale.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # p_tau, with p_0 = 1
+    final = _inverse_cdf(p_final, q_final, uniforms[:, k], scale=torch.where(num_accepted < k, scale, 1.0))
+    return _emit(tokens, num_accepted, final)
+
+
+#: The verification rules a decoding loop can use, by name (each with :func:`rejection_sample`'s signature).
+RULES = {"token": rejection_sample, "block": block_verify_sample}
+
+
+def rule_sampler(rule: str):
+    """Return the sampler of verification rule ``rule`` ("token" or "block")."""
+    if rule not in RULES:
+        raise ValueError(f"unknown verification rule {rule!r}; known: {', '.join(RULES)}")
+    return RULES[rule]
+
+
+@dataclass
+class MultiDraftOutput:
+    """What :func:`multi_draft_sample` returns for a batch of positions with several candidates each."""
+
+    token: torch.Tensor  # (B,) int64: the emitted token
+    chosen: torch.Tensor  # (B,) int64: the index of the accepted candidate, or -1 when all were rejected
+
+
+_MULTI_SCHEMES = ("with_replacement", "without_replacement", "top_k", "without_replacement_unadjusted",
+                  "top_k_threshold")
+
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in _MULTI_SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(_MULTI_SCHEMES)}")
+
+
+def draw_candidates(draft_probs: torch.Tensor, drafts: int, scheme: str, generator: torch.Generator) -> torch.Tensor:
+    """Return (B, drafts) candidate tokens from ``draft_probs`` (B, V) as ``scheme`` draws them.
+
+    With replacement: i.i.d. from q. Without replacement: each from q renormalised over the tokens not
+    yet drawn; a slot with nothing left to draw is -1. Top-k: the ``drafts`` most likely tokens of q,
+    ties to the lower id (a slot beyond q's support is -1). Inverse-CDF draws, so no host read.
+    """
+    _check_scheme(scheme)
+    batch, vocab = draft_probs.shape
+    weights = draft_probs.double().clamp(min=0)
+    if scheme.startswith("top_k"):
+        order = torch.sort(weights, dim=1, descending=True, stable=True)
+        top = order.indices[:, :drafts]
+        return torch.where(order.values[:, :drafts] > 0, top, -1)
+    out = []
+    for _ in range(drafts):
+        uniform = torch.rand(batch, generator=generator, dtype=torch.float64, device=draft_probs.device)
+        left = weights.sum(1) > 0
+        token = categorical(weights, uniform)
+        out.append(torch.where(left, token, -1))
+        if scheme != "with_replacement":
+            weights = weights.scatter(1, token.unsqueeze(1), 0.0)
+    return torch.stack(out, 1)
+
+
+def multi_draft_sample(candidates: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                       generator: torch.Generator, *, scheme: str = "with_replacement", threshold: float = 1.0,
+                       uniforms: Optional[torch.Tensor] = None) -> MultiDraftOutput:
+    """Verify ``candidates`` (B, k) at one position against the target and return the emitted token.
+
+    ``draft_probs`` and ``target_probs`` are q and p at that position, (B, V). The schemes are those of
+    :func:`exact.multi_draft_step` (exact laws there): recursive rejection sampling with i.i.d.
+    candidates (``with_replacement``) or candidates drawn without replacement and judged against q
+    renormalised over the untried tokens (``without_replacement``); the fixed top-k list verified with one
+    uniform against the running sum of p (``top_k``); and two wrong variants kept for the gallery.
+    Candidates of -1 (nothing left to draw) are skipped. ``uniforms`` (B, k + 1) may be given instead of
+    drawing them. Float64 throughout; nothing is read back to the host.
+    """
+    _check_scheme(scheme)
+    if candidates.ndim != 2 or draft_probs.ndim != 2 or target_probs.shape != draft_probs.shape:
+        raise ValueError(f"need candidates (B, k), draft_probs and target_probs (B, V); got "
+                         f"{tuple(candidates.shape)}, {tuple(draft_probs.shape)}, {tuple(target_probs.shape)}")
+    batch, k = candidates.shape
+    device = target_probs.device
+    if uniforms is None:
+        uniforms = torch.rand((batch, k + 1), generator=generator, dtype=torch.float64, device=device)
+    p = target_probs.double().clamp(min=0)
+    q = draft_probs.double().clamp(min=0)
+    rows = torch.arange(batch, device=device)
+    chosen = torch.full((batch,), -1, dtype=torch.long, device=device)
+    if scheme.startswith("top_k"):
+        limit = threshold if scheme == "top_k_threshold" else 1.0
+        running = torch.zeros(batch, dtype=torch.float64, device=device)
+        rest = p.clone()
+        for j in range(k):
+            token = candidates[:, j]
+            valid = token >= 0
+            p_token = torch.where(valid, p[rows, token.clamp(min=0)], 0.0)
+            running = running + p_token
+            hit = valid & (chosen < 0) & (uniforms[:, 0] * limit < running)
+            chosen = torch.where(hit, j, chosen)
+            rest = rest.scatter(1, token.clamp(min=0).unsqueeze(1),
+                                torch.where(valid, 0.0, rest[rows, token.clamp(min=0)]).unsqueeze(1))
+        empty = ~(rest.sum(1) > 0)
+        final = categorical(torch.where(empty.unsqueeze(1), p, rest), uniforms[:, k])
+    else:
+        r = p.clone()
+        proposal = q.clone()
+        for j in range(k):
+            token = candidates[:, j]
+            valid = (token >= 0) & (chosen < 0)
+            safe = token.clamp(min=0)
+            judge = q if scheme == "without_replacement_unadjusted" else proposal
+            judge = judge / judge.sum(1, keepdim=True).clamp(min=1e-300)
+            hit = valid & (uniforms[:, j] * judge[rows, safe] < r[rows, safe])
+            chosen = torch.where(hit, j, chosen)
+            residual = (r - judge).clamp(min=0)
+            mass = residual.sum(1, keepdim=True)
+            update = (valid & ~hit).unsqueeze(1) & (mass > 0)
+            r = torch.where(update, residual / mass.clamp(min=1e-300), r)
+            if scheme != "with_replacement":
+                proposal = torch.where(valid.unsqueeze(1), proposal.scatter(1, safe.unsqueeze(1), 0.0), proposal)
+        final = categorical(r, uniforms[:, k])
+    picked = candidates.gather(1, chosen.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return MultiDraftOutput(token=torch.where(chosen >= 0, picked, final), chosen=chosen)
