@@ -49,6 +49,17 @@ _fraction = _parser(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 _top_p = _parser(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
+def _rules(text: str) -> list[str]:
+    rules = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [r for r in rules if r not in ("token", "block")]
+    if not rules or unknown:
+        raise argparse.ArgumentTypeError(f"unknown rule {', '.join(unknown) or repr(text)}: use token, block or "
+                                         "token,block")
+    if len(set(rules)) != len(rules):
+        raise argparse.ArgumentTypeError(f"rule listed twice in {text!r}")
+    return rules
+
+
 def _device(text: str) -> str:
     import torch
 
@@ -68,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,train}",
                                      parser_class=_Parser)
 
-    verify = commands.add_parser("verify", help="check the rule exactly and print every pitfall's exact law",
+    verify = commands.add_parser("verify", help="check the rule exactly, print every pitfall's exact law and "
+                                 "the exact gains of block verification and of several drafts",
                                  formatter_class=formatter)
     verify.set_defaults(run=_run_verify)
 
@@ -82,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "installed transformers' _speculative_sampling")
     audit.add_argument("--convention", choices=("probs", "hf", "pitfall"), default=None,
                        help="how the function is called (default: hf for 'hf', else probs)")
+    audit.add_argument("--rule", choices=("token", "block"), default="token",
+                       help="the verification rule the sampler claims: token-wise, or block verification (Sun et "
+                       "al.); it fixes the exact law of a whole block")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON here")
     audit.add_argument("--seed", type=int, default=0, help="seed of the drafts and of the sampler's generator")
     audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -112,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--top-k", type=_int, default=None, help="keep the k likeliest tokens (both models)")
     decode.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest head of mass >= p (both models)")
     decode.add_argument("--batch", type=_ints, default=list(d["batches"]), metavar="B[,B...]", help="batch sizes")
+    decode.add_argument("--rule", type=_rules, default=["token"], metavar="R[,R...]",
+                        help="verification rules, side by side: token (token-wise), block (block verification)")
     decode.add_argument("--prompts", type=_int, default=d["prompts"],
                         help="held-out prompts decoded per point, in groups of the batch size")
     decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
@@ -161,7 +178,7 @@ def _run_bench_decode(args) -> int:
     pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
                           args.seed, prompts=args.prompts, progress=not args.no_progress, top_k=args.top_k,
-                          top_p=args.top_p)
+                          top_p=args.top_p, rules=args.rule)
     print(format_decode_table(record))
     path = write_record(record, args.out)
     if path:
@@ -186,7 +203,7 @@ def _run_train(args) -> int:
 
 def _run_verify(args) -> int:
     from .book import as_text
-    from .pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
+    from .pitfalls import FIX, MULTI_DRAFT_PITFALLS, PITFALLS, SEED_P, SEED_Q, extend
     from .rule import output_distribution, total_variation
 
     out = output_distribution(SEED_P, SEED_Q)
@@ -194,13 +211,43 @@ def _run_verify(args) -> int:
     if out != list(SEED_P):
         print("FAILED: the output is not p", file=sys.stderr)
         return 1
-    print(f"{'pitfall':28s} {'exact law on its demo pair (last entry: invalid id)':52s} TV from p")
-    for pitfall in PITFALLS + [FIX]:
+    print(f"{'pitfall':32s} {'exact law on its demo pair (last entry: invalid id)':52s} TV from p")
+    for pitfall in PITFALLS + [FIX] + MULTI_DRAFT_PITFALLS:
         law = pitfall.exact_law()
-        print(f"{pitfall.key:28s} {as_text(law):52s} {as_text(total_variation(law, extend(pitfall.demo_p)))}")
+        print(f"{pitfall.key:32s} {as_text(law):52s} {as_text(total_variation(law, extend(pitfall.demo_p)))}")
     print("law: the exact output distribution of the wrong rule on its demo pair; TV from p: its total variation "
           "distance from the target (0 = lossless)")
-    return 0
+    return _verify_beyond_one_draft()
+
+
+def _verify_beyond_one_draft() -> int:
+    """Print the exact gains of block verification and of several drafts; return 1 if a check fails."""
+    from .book import as_text
+    from .exact import multi_draft_table, sun_example_table
+
+    rows = sun_example_table()
+    print(f"\nblock verification, Sun et al.'s example p = {as_text(rows[0]['p'])}, q = {as_text(rows[0]['q'])}, "
+          "expected accepted drafts per block:")
+    print(f"{'gamma':>5} {'token-wise':>12} {'block':>12} {'block / token':>14}")
+    failed = False
+    for row in rows:
+        print(f"{row['gamma']:>5} {str(row['token']):>12} {str(row['block']):>12} "
+              f"{str(row['block'] / row['token']):>14}")
+        failed |= row["block"] < row["token"]
+    rows = multi_draft_table()
+    print(f"\nseveral drafts at one position, p = {as_text(rows[0]['p'])}, q = {as_text(rows[0]['q'])}: "
+          "P(a draft is accepted) and TV(output, p)")
+    print(f"{'scheme':32s} {'k = 1':>10} {'k = 2':>10} {'k = 3':>10}   TV at k = 1, 2, 3")
+    for row in rows:
+        print(f"{row['scheme']:32s} " + " ".join(f"{str(a):>10}" for a in row["acceptance"])
+              + "   " + ", ".join(str(t) for t in row["tv"]))
+        failed |= row["lossless"] and any(row["tv"])
+    print("k: candidates per position; the last two schemes are wrong: their pitfall entries above show each on "
+          "a pair where it bites")
+    if failed:
+        print("FAILED: block verification accepted fewer drafts than token-wise, or a lossless scheme is not p",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _load_sampler(spec: str):
@@ -260,7 +307,7 @@ def _run_audit(args) -> int:
     convention = args.convention or convention
     _check_signature(function, convention)
     report = audit_sampler(function, convention=convention, name=name, seed=args.seed,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, rule=args.rule)
     print(report.table())
     if args.json:
         from pathlib import Path

@@ -52,7 +52,7 @@ from . import exact, stats
 from .transforms import SamplingConfig, logits_to_probs
 
 __all__ = ["AuditCase", "CaseResult", "AuditReport", "default_battery", "audit_sampler", "assert_lossless",
-           "pitfall_power", "pitfall_sampler", "CONVENTIONS", "EDGE_UNIFORMS", "EDGE_ROWS", "MAX_ROWS"]
+           "pitfall_power", "pitfall_sampler", "CONVENTIONS", "RULE_LAWS", "EDGE_UNIFORMS", "EDGE_ROWS", "MAX_ROWS"]
 
 #: The uniforms an edge run fixes every draw to: 0, and the largest float32 below 1 (1 - 2^-24).
 EDGE_UNIFORMS = (0.0, float(np.nextafter(np.float32(1), np.float32(0))))
@@ -237,10 +237,15 @@ def default_battery() -> list[AuditCase]:
 # --------------------------------------------------------------------------- laws and inputs
 
 
-def _law(case: AuditCase) -> dict[tuple, float]:
-    """The exact law of the outcome the case tests, as {outcome: probability}."""
+#: The exact law of one block under each verification rule the audit knows.
+RULE_LAWS = {"token": exact.speculative_block_law, "block": exact.block_verification_law}
+
+
+def _law(case: AuditCase, rule: str = "token") -> dict[tuple, float]:
+    """The exact law of the outcome the case tests, as {outcome: probability}. With one draft the two
+    rules coincide, so ``first`` cases do not depend on ``rule``."""
     if case.law == "block":
-        law = exact.speculative_block_law(case.target, case.draft, (), case.gamma)
+        law = RULE_LAWS[rule](case.target, case.draft, (), case.gamma)
         return {key: float(v) for key, v in law.items()}
     if case.gamma != 1:
         raise ValueError(f"{case.name}: a 'first' case has one draft")
@@ -380,9 +385,9 @@ def _sample_size(probs: Sequence[float], case: AuditCase, per_case: float, max_r
 
 
 def _run_case(fn, adapter, case: AuditCase, per_case: float, max_rows: int, seed: int, can_edge: bool,
-              convention: str) -> CaseResult:
+              convention: str, rule: str = "token") -> CaseResult:
     began = time.perf_counter()
-    law = _law(case)
+    law = _law(case, rule)
     outcomes = list(law)
     probs = [law[o] for o in outcomes] + [0.0]  # the last cell: anything the exact law rules out
     n = _sample_size(probs, case, per_case, max_rows)
@@ -463,14 +468,19 @@ def _edges_supported(fn, convention) -> bool:
 
 def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[AuditCase]] = None,
                   family_false_alarm: float = stats.FALSE_ALARM_RATE, max_rows: Optional[int] = None,
-                  seed: int = 0, name: Optional[str] = None, progress: bool = False) -> AuditReport:
+                  seed: int = 0, name: Optional[str] = None, progress: bool = False,
+                  rule: str = "token") -> AuditReport:
     """Audit the verification rule ``fn`` (see the module docstring) and return the report.
 
     ``convention`` is ``"probs"``, ``"hf"``, ``"pitfall"`` or an adapter function. ``max_rows`` caps each
     case's sample (default 200,000; 20,000 for ``"hf"``, whose function takes one row per call, so that its
-    audit stays near a minute on 2 CPU cores; the report shows the TV each sample detects).
-    Raises ``TypeError`` when ``fn`` is not callable and ``ValueError`` for an unknown convention.
+    audit stays near a minute on 2 CPU cores; the report shows the TV each sample detects). ``rule`` is
+    the verification rule ``fn`` claims to implement, which fixes the exact law of a whole block:
+    ``"token"`` (token-wise, the default) or ``"block"`` (block verification, Sun et al.).
+    Raises ``TypeError`` when ``fn`` is not callable and ``ValueError`` for an unknown convention or rule.
     """
+    if rule not in RULE_LAWS:
+        raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULE_LAWS)}")
     if not callable(fn):
         raise TypeError(f"the sampler must be callable, got {type(fn).__name__}")
     adapter = CONVENTIONS.get(convention) if isinstance(convention, str) else convention
@@ -499,7 +509,7 @@ def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[Audi
     with tempfile.TemporaryDirectory(prefix="speculative-audit-") as scratch, contextlib.chdir(scratch):
         for number, case in enumerate(iterator):
             report.results.append(_run_case(fn, adapter, case, per_case, max_rows, seed + number, can_edge,
-                                            label))
+                                            label, rule))
     report.seconds = time.perf_counter() - began
     return report
 

@@ -26,7 +26,7 @@ from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "repeat_share",
            "write_record",
-           "format_sampler_table", "format_decode_table", "SAMPLER_LEGEND", "DECODE_LEGEND"]
+           "format_sampler_table", "format_decode_table", "rule_comparison", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
 
 def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, dict]:
@@ -172,7 +172,7 @@ def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
 
 @torch.no_grad()
 def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int, repeats: int = 5,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, rule: str = "token") -> dict:
     """Return the median seconds of each step of the decoding loops, timed apart from any decoding run.
 
     A step is what the loops do per call, not the forward alone: a plain step is one target forward,
@@ -185,8 +185,9 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     repeated ``repeats`` times, and the median of each is kept, so that drift on a shared machine hits
     every step alike. Returned, relative to the plain step: c (a draft step), v(gamma) (a block minus its
     draft steps: the verification as the loop pays for it) and v_alone(gamma) (a verification step
-    repeated alone).
+    repeated alone). ``rule`` is the verification rule whose sampler the verification step runs.
     """
+    from .sampler import rule_sampler
     from .decode import _sample, prefill
     from .transforms import logits_problem, logits_to_probs
 
@@ -198,6 +199,7 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     last = torch.tensor([[r[-1]] for r in rows], device=device)
     caches = {"target": prefill(pair.target, rows, length=span), "draft": prefill(pair.draft, rows, length=span)}
     vocab = pair.target.config.vocab_size
+    sampler = rule_sampler(rule)
 
     def single(name):
         model, cache = getattr(pair, name), caches[name]
@@ -215,8 +217,8 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
         def step():
             logits = pair.target(tokens, start, caches["target"], span=span, check=False)
             problem = logits_problem(logits)
-            out = rejection_sample(tokens[:, 1:], draft_probs, logits_to_probs(logits, config, check=False),
-                                   generator, check_values=False)
+            out = sampler(tokens[:, 1:], draft_probs, logits_to_probs(logits, config, check=False),
+                          generator, check_values=False)
             torch.stack([out.num_accepted.sum(), problem.long()]).tolist()  # the block's host read
         return step
 
@@ -284,8 +286,9 @@ def bench_decode(
     progress: bool = True,
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
+    rules: Iterable[str] = ("token",),
 ) -> dict:
-    """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma).
+    """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma, rule).
 
     Runs on the device the pair's weights are on (``pair.target.device``). Every setting is checked
     before the first run, so a bad one fails at once and no record is written.
@@ -293,7 +296,8 @@ def bench_decode(
     For each batch size b and temperature (with ``top_k`` / ``top_p`` if given), the first ``prompts``
     held-out prompts are decoded in groups of b: first a calibration (:func:`calibrate_steps`, the
     loop's steps timed apart from any run), then ``repeats`` rounds in which every group is decoded by
-    plain decoding and by speculative decoding at every gamma, in turn, with the same seed.
+    plain decoding and by speculative decoding at every gamma and verification rule (``rules``: "token",
+    "block"), in turn, with the same seed; each rule has its own calibration.
 
     Reported per point: the pooled speedup (all plain decode seconds / all speculative ones, the same
     tokens), the speedup of each group (per prompt at batch 1) with their median, a 95% bootstrap
@@ -316,7 +320,14 @@ def bench_decode(
     from .stats import measured_acceptance_rate
     from .transforms import SamplingConfig
 
-    gammas, temperatures, batches = list(gammas), list(temperatures), list(batches)
+    gammas, temperatures, batches, rules = list(gammas), list(temperatures), list(batches), list(rules)
+    from .sampler import rule_sampler
+
+    for rule in rules:
+        rule_sampler(rule)  # an unknown rule fails here, before any run
+    if not rules or len(set(rules)) != len(rules):
+        raise ValueError(f"rules must name each verification rule once, got {rules}")
+    variants = [(g, rule) for g in gammas for rule in rules]
     device = pair.target.device
     configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
     if not gammas or not temperatures or not batches:
@@ -340,16 +351,17 @@ def bench_decode(
     # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v in situ; on
     # CUDA it costs a synchronisation per forward, so separate runs do
     in_run = device.type != "cuda"
-    total = sum(prompts // b for b in batches) * len(configs) * repeats * (1 + len(gammas))
+    total = sum(prompts // b for b in batches) * len(configs) * repeats * (1 + len(variants))
     bar = tqdm(total=total, desc="decode bench", disable=not progress, file=sys.stderr)
 
-    def run(group, gamma, config, run_seed, time_forwards):
+    def run(group, variant, config, run_seed, time_forwards):
         clock = Clock(device, forwards=time_forwards)
         generator = torch.Generator(device=device).manual_seed(run_seed)
-        if gamma is None:
+        if variant is None:
             return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
+        gamma, rule = variant
         return speculative_decode(pair.target, pair.draft, group, max_new_tokens, gamma, config, generator,
-                                  clock=clock)
+                                  clock=clock, rule=rule)
 
     def per_call(runs, name):  # mean seconds of one timed forward of model ``name``
         return sum(getattr(r, f"{name}_seconds") for r in runs) / sum(r.timed_calls[name] for r in runs)
@@ -358,17 +370,17 @@ def bench_decode(
         groups = [pair.prompts[i:i + batch] for i in range(0, prompts, batch)]
         costs = _forward_costs(pair, encode_prompts(groups[0]), gammas)
         for config in configs:
-            calibration = calibrate_steps(pair, encode_prompts(groups[0]), gammas, config, max_new_tokens,
-                                          seed=seed)
+            calibrations = {rule: calibrate_steps(pair, encode_prompts(groups[0]), gammas, config, max_new_tokens,
+                                                  seed=seed, rule=rule) for rule in rules}
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
             speculative_decode(pair.target, pair.draft, groups[0], 8, gammas[0], config, warm)
-            # results[gamma][repeat][group]; gamma None is plain decoding
-            results = {g: [[None] * len(groups) for _ in range(repeats)] for g in [None, *gammas]}
+            # results[(gamma, rule)][repeat][group]; None is plain decoding
+            results = {v: [[None] * len(groups) for _ in range(repeats)] for v in [None, *variants]}
             for repeat in range(repeats):
                 for index, group in enumerate(groups):
-                    for gamma in [None, *gammas]:
-                        results[gamma][repeat][index] = run(group, gamma, config, seed + repeat, in_run)
+                    for variant in [None, *variants]:
+                        results[variant][repeat][index] = run(group, variant, config, seed + repeat, in_run)
                         bar.update()
             plain_all = [r for rep in results[None] for r in rep]
             timed_plain = plain_all if in_run else [run(groups[0], None, config, seed, True)]
@@ -379,15 +391,17 @@ def bench_decode(
 
             plain_group = [sum(decode_seconds(results[None][k][i]) for k in range(repeats))
                            for i in range(len(groups))]
-            for gamma in gammas:
-                spec_all = [r for rep in results[gamma] for r in rep]
-                timed_spec = spec_all if in_run else [run(groups[0], gamma, config, seed, True)]
-                spec_group = [sum(decode_seconds(results[gamma][k][i]) for k in range(repeats))
+            for variant in variants:
+                gamma, rule = variant
+                calibration = calibrations[rule]
+                spec_all = [r for rep in results[variant] for r in rep]
+                timed_spec = spec_all if in_run else [run(groups[0], variant, config, seed, True)]
+                spec_group = [sum(decode_seconds(results[variant][k][i]) for k in range(repeats))
                               for i in range(len(groups))]
                 group_speedups = [p / s for p, s in zip(plain_group, spec_group)]
                 speedup = sum(plain_group) / sum(spec_group)
-                per_repeat = [sum(map(decode_seconds, results[None][k])) / sum(map(decode_seconds, results[gamma][k]))
-                              for k in range(repeats)]
+                per_repeat = [sum(map(decode_seconds, results[None][k]))
+                              / sum(map(decode_seconds, results[variant][k])) for k in range(repeats)]
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in spec_all])
                 active = accepted[accepted >= 0].double()
                 alpha = measured_acceptance_rate([accepted], gamma)
@@ -398,9 +412,12 @@ def bench_decode(
                 decomposed = tokens_per_forward / (gamma * c + v)
                 leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c_cal + 1)
                 tokens = batch * max_new_tokens * repeats * len(groups)
-                first = results[gamma][0]
+                first = results[variant][0]
+                # tokens per target call of each group (per prompt at batch 1): its spread over prompts
+                group_tokens = [max_new_tokens * repeats / sum(len(results[variant][k][i].accepted)
+                                                              for k in range(repeats)) for i in range(len(groups))]
                 out_rows.append({
-                    "batch": batch, "temperature": config.temperature, "gamma": gamma,
+                    "batch": batch, "temperature": config.temperature, "gamma": gamma, "rule": rule,
                     "prompts": prompts, "groups": len(groups), "repeats": repeats,
                     "speedup": speedup, "speedup_ci95": _interval(plain_group, spec_group, seed),
                     "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
@@ -409,6 +426,10 @@ def bench_decode(
                     "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"][gamma]},
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": float((active + 1).mean()),
+                    "tokens_per_target_forward_per_group": group_tokens,
+                    "speculative_seconds_per_group": spec_group,
+                    "target_calls_per_group": [sum(len(results[variant][k][i].accepted) for k in range(repeats))
+                                               for i in range(len(groups))],
                     "plain_tokens_per_s": tokens / sum(plain_group),
                     "speculative_tokens_per_s": tokens / sum(spec_group),
                     "predicted_leviathan": leviathan,
@@ -439,12 +460,52 @@ def bench_decode(
         "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",
                                           "draft_parameters") if k in pair.info},
         "prompts_sha256": _prompts_hash(pair.prompts),
-        "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches, "prompts": prompts,
+        "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches, "rules": rules,
+                   "prompts": prompts,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
                    "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.token_embedding.weight.dtype)},
         "results": out_rows,
     }
+
+
+def _paired_interval(first: list[float], second: list[float], seed: int) -> list[float]:
+    """Return a 95% percentile bootstrap interval, over groups, for sum(first) / sum(second), paired."""
+    return _interval(first, second, seed)
+
+
+def rule_comparison(record: dict, baseline: str = "token", other: str = "block") -> list[dict]:
+    """Return, per (batch, T, gamma) that a decode record measured under both rules, ``other`` against
+    ``baseline`` on the same prompts and seeds: each rule's tokens per target call (pooled, with a 95%
+    bootstrap interval over groups of prompts), their ratio (paired over groups: the same tokens, so it is
+    baseline calls / other calls) and the ratio of speedups (paired: baseline speculative seconds / other
+    speculative seconds, the plain runs being shared)."""
+    seed = record["config"]["seed"]
+    rows = {(r["batch"], r["temperature"], r["gamma"], r.get("rule", "token")): r for r in record["results"]}
+    out = []
+    for (batch, temperature, gamma, rule), base in rows.items():
+        if rule != baseline or (batch, temperature, gamma, other) not in rows:
+            continue
+        alt = rows[(batch, temperature, gamma, other)]
+        new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
+        base_calls, alt_calls = base["target_calls_per_group"], alt["target_calls_per_group"]
+
+        def tokens_interval(calls):
+            return _interval([new] * len(calls), calls, seed)
+        out.append({
+            "batch": batch, "temperature": temperature, "gamma": gamma, "groups": len(base_calls),
+            f"{baseline}_tokens_per_call": base["tokens_per_target_forward"],
+            f"{baseline}_tokens_per_call_ci95": tokens_interval(base_calls),
+            f"{other}_tokens_per_call": alt["tokens_per_target_forward"],
+            f"{other}_tokens_per_call_ci95": tokens_interval(alt_calls),
+            "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
+            "tokens_per_call_ratio_ci95": _paired_interval(base_calls, alt_calls, seed),
+            f"{baseline}_speedup": base["speedup"], f"{other}_speedup": alt["speedup"],
+            "speedup_ratio": sum(base["speculative_seconds_per_group"]) / sum(alt["speculative_seconds_per_group"]),
+            "speedup_ratio_ci95": _paired_interval(base["speculative_seconds_per_group"],
+                                                   alt["speculative_seconds_per_group"], seed),
+        })
+    return out
 
 
 def _prompts_hash(prompts) -> str:
@@ -465,12 +526,16 @@ DECODE_LEGEND = (
 
 
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None,
-                        markdown: bool = False) -> str:
-    """Return the decode record (optionally one batch size or one gamma) as a table, plain text or Markdown
-    (``markdown=True``), with what it was measured on and a legend."""
+                        markdown: bool = False, rule: Optional[str] = None) -> str:
+    """Return the decode record (optionally one batch size, one gamma or one verification rule) as a table,
+    plain text or Markdown (``markdown=True``), with what it was measured on and a legend. A record of
+    several rules gets a rule column."""
     rows = []
+    several = len(record["config"].get("rules", ["token"])) > 1
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
+            continue
+        if rule is not None and row.get("rule", "token") != rule:
             continue
         low, high = row["speedup_ci95"]
         times, dash = ("×", "–") if markdown else ("x", "-")
@@ -479,6 +544,8 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                      f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
                      f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
+        if several:
+            rows[-1].insert(3, row.get("rule", "token"))
     env = record["environment"]
     config = record["config"]
     notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
@@ -487,4 +554,6 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
              "tokens each", DECODE_LEGEND]
     headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
                "effic."]
+    if several:
+        headers.insert(3, "rule")
     return _table(headers, rows, notes, markdown)

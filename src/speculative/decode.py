@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from .model import GPT, KVCache
-from .sampler import categorical, rejection_sample
+from .sampler import categorical, rejection_sample, rule_sampler
 from .timing import NO_CLOCK, Clock
 from .transforms import SamplingConfig, logits_problem, logits_to_probs
 
@@ -224,18 +224,25 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
 @torch.no_grad()
 def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
                        config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
-                       sampler: Callable = rejection_sample, clock: Optional[Clock] = None) -> DecodeResult:
+                       sampler: Optional[Callable] = None, clock: Optional[Clock] = None,
+                       rule: str = "token") -> DecodeResult:
     """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
 
     The emitted tokens have the target's distribution under ``config`` (see the module docstring);
     draft and target go through the same :func:`logits_to_probs`. ``sampler`` is the verification rule
     (``rejection_sample``'s signature, called with ``check_values=False``); chapters swap in a biased one
-    from ``pitfalls`` to show what a wrong rule does on a real model pair. ``clock`` (a
+    from ``pitfalls`` to show what a wrong rule does on a real model pair. ``rule`` names a lossless one
+    instead: ``"token"`` (token-wise, the default) or ``"block"`` (block verification, Sun et al.); pass
+    one of ``rule`` and ``sampler``. ``clock`` (a
     :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the seconds inside
     each model's calls; without one nothing is timed.
     """
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    if sampler is None:
+        sampler = rule_sampler(rule)
+    elif rule != "token":
+        raise ValueError(f"pass either rule={rule!r} or a sampler, not both")
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
                          f"draft has {draft.config.vocab_size}")

@@ -33,6 +33,11 @@ __all__ = [
     "tree_law",
     "sequence_law",
     "expected_length",
+    "SUN_P",
+    "SUN_Q",
+    "sun_example_table",
+    "multi_draft_table",
+    "LOSSLESS_SCHEMES",
 ]
 
 ToyModel = Callable[[tuple], Sequence[Fraction]]
@@ -389,3 +394,38 @@ def sequence_law(block: Callable[[tuple], dict], context: tuple, n_tokens: int) 
 def expected_length(law: dict) -> Fraction:
     """Return the expected number of tokens one block emits (tokens per target call), exactly."""
     return sum((prob * len(tokens) for tokens, prob in law.items()), Fraction(0))
+
+
+#: Sun et al.'s binary example: context-free target and draft over two tokens.
+SUN_P = (Fraction(1, 3), Fraction(2, 3))
+SUN_Q = (Fraction(2, 3), Fraction(1, 3))
+#: The schemes of :func:`multi_draft_step` that keep the target's law.
+LOSSLESS_SCHEMES = ("with_replacement", "without_replacement", "top_k")
+
+
+def sun_example_table(gammas: Sequence[int] = (2, 3, 4), p: Sequence = SUN_P, q: Sequence = SUN_Q) -> list[dict]:
+    """Return, per gamma, the exact expected accepted drafts per block under token-wise and block
+    verification for the context-free pair (p, q) (by default Sun et al.'s example)."""
+    target, draft = (lambda context: list(p)), (lambda context: list(q))
+    rows = []
+    for gamma in gammas:
+        token = expected_length(speculative_block_law(target, draft, (), gamma)) - 1
+        block = expected_length(block_verification_law(target, draft, (), gamma)) - 1
+        rows.append({"gamma": gamma, "p": tuple(p), "q": tuple(q), "token": token, "block": block})
+    return rows
+
+
+def multi_draft_table(p: Sequence = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5)),
+                      q: Sequence = (Fraction(1, 5), Fraction(1, 2), Fraction(3, 10)), drafts: Sequence[int] = (1, 2, 3),
+                      threshold=Fraction(1, 2)) -> list[dict]:
+    """Return, per scheme, the exact probability that one of k candidates is accepted and the TV of the
+    emitted token's law from p, for each k in ``drafts`` (by default on the three-token example)."""
+    from .rule import total_variation
+
+    rows = []
+    for scheme in SCHEMES:
+        steps = [multi_draft_step(p, q, k, scheme, threshold) for k in drafts]
+        rows.append({"scheme": scheme, "p": tuple(p), "q": tuple(q), "drafts": tuple(drafts),
+                     "lossless": scheme in LOSSLESS_SCHEMES, "acceptance": [s["acceptance"] for s in steps],
+                     "tv": [total_variation(s["output"], list(p)) for s in steps]})
+    return rows

@@ -30,7 +30,8 @@ from .rule import normalized_residual, residual, validate_pair
 from .transforms import SamplingConfig, exact_transform
 
 __all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "find", "diff_from_correct",
-           "typical_acceptance_sampler", "resample_from_target_sampler",
+           "typical_acceptance_sampler", "resample_from_target_sampler", "MULTI_DRAFT_PITFALLS",
+           "exact_multi_draft", "sample_multi_draft",
            "SEED_P", "SEED_Q"]
 
 SEED_P = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5))
@@ -506,12 +507,57 @@ FIX = Pitfall("prune_fixed", "Pruning, fixed",
               cites=("yaotu2026seed",))
 
 
+# --------------------------------------------------------------------------- several drafts per position
+
+
+def exact_multi_draft(p, q, drafts=2, scheme="with_replacement", threshold=Fraction(1)):
+    """Return the exact law of the emitted token (V + 1 entries, the last 0) when ``drafts`` candidates are
+    verified at one position by ``scheme`` (see :func:`exact.multi_draft_step`)."""
+    from .exact import multi_draft_step
+
+    return list(multi_draft_step(p, q, drafts, scheme, threshold)["output"]) + [Fraction(0)]
+
+
+def sample_multi_draft(p, q, n, generator, drafts=2, scheme="with_replacement", threshold=1.0):
+    """Return n tokens, each from ``drafts`` candidates drawn and verified by ``scheme`` (the batched
+    :func:`sampler.draw_candidates` and :func:`sampler.multi_draft_sample`)."""
+    from .sampler import draw_candidates, multi_draft_sample
+
+    target, draft = p.expand(n, -1), q.expand(n, -1)
+    candidates = draw_candidates(draft, int(drafts), scheme, generator)
+    return multi_draft_sample(candidates, draft, target, generator, scheme=scheme, threshold=threshold).token
+
+
+_UNADJUSTED_P = (Fraction(7, 10), Fraction(1, 5), Fraction(1, 10))
+_UNADJUSTED_Q = (Fraction(1, 10), Fraction(1, 10), Fraction(4, 5))
+
+#: Mistakes that need several candidates per position; each form takes ``drafts`` and ``scheme``.
+MULTI_DRAFT_PITFALLS: list[Pitfall] = [
+    Pitfall("without_replacement_unadjusted", "Drafts without replacement, judged against the plain q",
+            "Two candidates are drawn without replacement, but the second is judged (ratio and residual) against "
+            "q itself instead of q renormalised over the tokens not yet tried.",
+            "the adjustment EAGLE's maintainers describe in SafeAILab/EAGLE #74 (sampling without replacement "
+            "needs the distribution each draft was really drawn from)",
+            exact_multi_draft, sample_multi_draft, demo_p=_UNADJUSTED_P, demo_q=_UNADJUSTED_Q,
+            options={"drafts": 2, "scheme": "without_replacement_unadjusted"}, cites=("eagle74",)),
+    Pitfall("top_k_threshold", "A top-k tree accepted below threshold 1",
+            "The fixed top-2 list of q is verified against the running sum of p divided by a threshold of 1/2, "
+            "so candidates are accepted twice as readily as the target allows.",
+            "SGLang's tree kernel exposes such thresholds (threshold_acc, threshold_single); it is exact only "
+            "when both are 1",
+            exact_multi_draft, sample_multi_draft,
+            options={"drafts": 2, "scheme": "top_k_threshold", "threshold": Fraction(1, 2)},
+            cites=("sglangtreekernel",)),
+]
+
+
 def find(key: str) -> Pitfall:
     """Return the pitfall (or the fix) called ``key``; an unknown key raises with the known ones."""
-    for item in PITFALLS + [FIX]:
+    known = PITFALLS + [FIX] + MULTI_DRAFT_PITFALLS
+    for item in known:
         if item.key == key:
             return item
-    raise ValueError(f"unknown pitfall {key!r}; known: {', '.join(p.key for p in PITFALLS + [FIX])}")
+    raise ValueError(f"unknown pitfall {key!r}; known: {', '.join(p.key for p in known)}")
 
 
 def describe_options(options: Optional[dict]) -> str:
