@@ -35,6 +35,9 @@ def test_bench_sampler_records_what_it_ran_on(tmp_path, capsys):
         (["bench", "sampler", "--batch", "0"], "integers >= 1"),
         (["bench", "sampler", "--vocab", "x"], "comma-separated integers"),
         (["bench", "sampler", "--device", "tpu"], "unknown device"),
+        (["bench", "decode", "--rule", "tree"], "unknown rule tree"),
+        (["bench", "decode", "--rule", "block,block"], "rule listed twice"),
+        (["audit", "speculative.sampler:block_verify_sample", "--rule", "tree"], "invalid choice"),
         (["bench", "nothing"], "invalid choice"),
     ],
 )
@@ -129,6 +132,7 @@ def test_train_writes_a_pair_and_can_restart_its_draft(tmp_path, tiny_pair_dir, 
         (["bench", "decode", "--gamma", "1000", "--batch", "1"], "exceeds the model's context"),
         (["bench", "decode", "--max-new-tokens", "5000", "--batch", "1"], "exceeds the model's context"),
         (["bench", "decode", "--batch", "1000"], "needs more prompts"),
+        (["bench", "decode", "--drafts", "2", "--batch", "4"], "one prompt at a time"),
     ],
 )
 def test_bad_decode_settings_fail_at_once_with_one_line(argv, message, capsys, tmp_path):
@@ -206,3 +210,38 @@ def test_the_installed_command_fails_without_a_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "SHA256SUMS is missing" in done.stderr
+
+
+def test_verify_prints_the_block_and_multi_draft_tables(capsys):
+    assert main(["verify"]) == 0
+    out = capsys.readouterr().out
+    # Sun et al.'s gamma = 2 values, computed by the enumeration (the paper states 10/9 and 11/9)
+    assert "    2         10/9         11/9" in out
+    assert "top_k_threshold" in out and "without_replacement_unadjusted (9/20, 9/20, 1/10, 0)" in out
+
+
+def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
+    from speculative.bench import compare_variants
+
+    out = tmp_path / "rules.json"
+    assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2", "--temperature", "0,1",
+                 "--batch", "1", "--prompts", "3", "--max-new-tokens", "6", "--repeats", "1", "--rule", "token,block",
+                 "--drafts", "1,2", "--no-progress", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["config"]["rules"] == ["token", "block"] and record["config"]["drafts"] == [1, 2]
+    variants = sorted((r["temperature"], r["rule"], r["drafts"]) for r in record["results"])
+    assert variants == sorted((t, rule, k) for t in (0.0, 1.0) for rule, k in (("token", 1), ("block", 1),
+                                                                                  ("token", 2)))
+    for row in record["results"]:
+        assert len(row["target_calls_per_group"]) == 3 and sum(row["target_calls_per_group"]) > 0
+    for other in (("block", 1), ("token", 2)):
+        compared = compare_variants(record, ("token", 1), other)
+        assert len(compared) == 2
+        for c in compared:
+            ratio = c["other_tokens_per_call"] / c["baseline_tokens_per_call"]
+            assert c["tokens_per_call_ratio"] == pytest.approx(ratio)
+            low, high = c["tokens_per_call_ratio_ci95"]
+            assert low <= c["tokens_per_call_ratio"] + 1e-9 and c["tokens_per_call_ratio"] - 1e-9 <= high
+    greedy = compare_variants(record, ("token", 1), ("block", 1))
+    assert [c["tokens_per_call_ratio"] for c in greedy if c["temperature"] == 0] == [1.0]
+    assert "block" in capsys.readouterr().out

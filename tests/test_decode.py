@@ -202,3 +202,35 @@ def test_half_precision_weights_decode_in_range_without_nan(dtype):
     # in half precision a block forward and a one-position forward may round differently, so greedy
     # texts can part at a near tie; they must at least start alike
     assert all(a[:4] == b[:4] for a, b in zip(plain.tokens, spec.tokens))
+
+
+def test_block_rule_and_multi_draft_decoding_are_greedy_exact(pair):
+    # at temperature 0 every rule must reproduce plain greedy decoding token for token
+    from speculative.decode import multi_draft_decode
+
+    greedy = SamplingConfig(temperature=0.0)
+    prompts = [pair.prompts[3], pair.prompts[4]]
+    plain = plain_decode(pair.target, prompts, 40, greedy)
+    block = speculative_decode(pair.target, pair.draft, prompts, 40, 4, greedy, rule="block")
+    assert block.tokens == plain.tokens
+    for scheme in ("with_replacement", "without_replacement", "top_k"):
+        for k in (1, 3):
+            out = multi_draft_decode(pair.target, pair.draft, prompts[0], 40, 3, k, greedy, scheme=scheme)
+            assert out.tokens[0] == plain.tokens[0], (scheme, k)
+            assert out.target_forwards == len(out.accepted) + 1  # one forward per block, plus the prefill
+
+
+def test_multi_draft_decoding_refuses_bad_input(pair):
+    from speculative.decode import multi_draft_decode
+
+    with pytest.raises(ValueError, match="one prompt"):
+        multi_draft_decode(pair.target, pair.draft, [pair.prompts[0], pair.prompts[1]], 8, 2, 2)
+    with pytest.raises(ValueError, match="drafts"):
+        multi_draft_decode(pair.target, pair.draft, pair.prompts[0], 8, 2, 0)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        multi_draft_decode(pair.target, pair.draft, pair.prompts[0], 8, 2, 2, scheme="tree")
+    with pytest.raises(ValueError, match="either rule"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, 2, sampler=lambda *a, **k: None,
+                           rule="block")
+    with pytest.raises(ValueError, match="unknown verification rule"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, 2, rule="tree")

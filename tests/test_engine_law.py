@@ -148,3 +148,41 @@ def test_the_planted_rollback_bug_is_caught_past_the_first_block(pair):
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=51)
     result, _ = _fit(counts, law)
     assert result.rejects(), result
+
+
+def test_block_verification_in_the_engine_follows_the_exact_law(pair):
+    # chapter 10: the same eight-token test with rule="block" (the engine's sampler swapped by name)
+    prompt, length, rows, gamma = pair.prompts[1], 8, 4_500, 4
+    law = _law(pair, prompt, TOP2, length)
+
+    def decode(prompts, n, generator):
+        return speculative_decode(pair.target, pair.draft, prompts, n, gamma, TOP2, generator, rule="block")
+
+    (counts,), logs = _sample(decode, [prompt], rows, length, seed=61)
+    result, probs = _fit(counts, law)
+    assert not result.rejects(), result
+    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
+    after_full, mid_reject = _paths(logs, gamma)
+    assert after_full > 100 and mid_reject > 100
+
+
+@pytest.mark.parametrize("scheme", ["with_replacement", "without_replacement"])
+def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
+    # chapter 10: two chains per block as two rows, root verified by the scheme, chosen chain token-wise.
+    # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
+    from speculative.decode import multi_draft_decode
+
+    prompt, length, rows, gamma = pair.prompts[1], 6, 1_500, 2
+    law = _law(pair, prompt, TOP2, length)
+    generator = torch.Generator().manual_seed(71)
+    counts, roots_rejected, chains_used = Counter(), 0, 0
+    for _ in range(rows):
+        out = multi_draft_decode(pair.target, pair.draft, prompt, length, gamma, 2, TOP2, generator, scheme=scheme)
+        counts[tuple(out.tokens[0])] += 1
+        blocks = [int(a) for a in out.accepted]
+        roots_rejected += blocks.count(0)
+        chains_used += sum(a == gamma for a in blocks)
+    result, probs = _fit(counts, law)
+    assert not result.rejects(), result
+    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.15
+    assert roots_rejected > 50 and chains_used > 50  # both paths of the root were exercised

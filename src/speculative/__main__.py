@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--batch", type=_ints, default=list(d["batches"]), metavar="B[,B...]", help="batch sizes")
     decode.add_argument("--rule", type=_rules, default=["token"], metavar="R[,R...]",
                         help="verification rules, side by side: token (token-wise), block (block verification)")
+    decode.add_argument("--drafts", type=_ints, default=[1], metavar="K[,K...]",
+                        help="draft chains per block; K > 1 runs multi-draft decoding (batch 1, token-wise chains)")
+    decode.add_argument("--scheme", choices=("with_replacement", "without_replacement", "top_k"),
+                        default="with_replacement", help="how the K chains' first tokens are drawn")
     decode.add_argument("--prompts", type=_int, default=d["prompts"],
                         help="held-out prompts decoded per point, in groups of the batch size")
     decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
@@ -178,7 +182,7 @@ def _run_bench_decode(args) -> int:
     pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
                           args.seed, prompts=args.prompts, progress=not args.no_progress, top_k=args.top_k,
-                          top_p=args.top_p, rules=args.rule)
+                          top_p=args.top_p, rules=args.rule, drafts=args.drafts, scheme=args.scheme)
     print(format_decode_table(record))
     path = write_record(record, args.out)
     if path:

@@ -26,7 +26,7 @@ from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "repeat_share",
            "write_record",
-           "format_sampler_table", "format_decode_table", "rule_comparison", "SAMPLER_LEGEND", "DECODE_LEGEND"]
+           "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
 
 def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, dict]:
@@ -187,8 +187,8 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     draft steps: the verification as the loop pays for it) and v_alone(gamma) (a verification step
     repeated alone). ``rule`` is the verification rule whose sampler the verification step runs.
     """
-    from .sampler import rule_sampler
     from .decode import _sample, prefill
+    from .sampler import rule_sampler
     from .transforms import logits_problem, logits_to_probs
 
     device = pair.target.device
@@ -287,6 +287,8 @@ def bench_decode(
     top_k: Optional[int] = None,
     top_p: Optional[float] = None,
     rules: Iterable[str] = ("token",),
+    drafts: Iterable[int] = (1,),
+    scheme: str = "with_replacement",
 ) -> dict:
     """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma, rule).
 
@@ -297,7 +299,9 @@ def bench_decode(
     held-out prompts are decoded in groups of b: first a calibration (:func:`calibrate_steps`, the
     loop's steps timed apart from any run), then ``repeats`` rounds in which every group is decoded by
     plain decoding and by speculative decoding at every gamma and verification rule (``rules``: "token",
-    "block"), in turn, with the same seed; each rule has its own calibration.
+    "block"), in turn, with the same seed; each rule has its own calibration. ``drafts`` above 1 adds
+    multi-draft decoding (:func:`decode.multi_draft_decode`: that many chains per block, the root drawn
+    by ``scheme``, token-wise along the chosen chain) at batch 1, calibrated with that many rows.
 
     Reported per point: the pooled speedup (all plain decode seconds / all speculative ones, the same
     tokens), the speedup of each group (per prompt at batch 1) with their median, a 95% bootstrap
@@ -316,7 +320,7 @@ def bench_decode(
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
-    from .decode import check_room, encode_prompts, plain_decode, speculative_decode
+    from .decode import check_room, encode_prompts, multi_draft_decode, plain_decode, speculative_decode
     from .stats import measured_acceptance_rate
     from .transforms import SamplingConfig
 
@@ -327,7 +331,16 @@ def bench_decode(
         rule_sampler(rule)  # an unknown rule fails here, before any run
     if not rules or len(set(rules)) != len(rules):
         raise ValueError(f"rules must name each verification rule once, got {rules}")
-    variants = [(g, rule) for g in gammas for rule in rules]
+    drafts = sorted(set(drafts))
+    if not drafts or min(drafts) < 1:
+        raise ValueError(f"drafts (chains per block) must be integers >= 1, got {drafts}")
+    if max(drafts) > 1 and max(batches) > 1:
+        raise ValueError("multi-draft decoding runs one prompt at a time (its chains are the batch): use batch 1")
+    from .sampler import _check_scheme
+
+    _check_scheme(scheme)
+    variants = [(g, rule, 1) for g in gammas for rule in rules] + [(g, "token", k) for g in gammas for k in drafts
+                                                                   if k > 1]
     device = pair.target.device
     configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
     if not gammas or not temperatures or not batches:
@@ -359,7 +372,10 @@ def bench_decode(
         generator = torch.Generator(device=device).manual_seed(run_seed)
         if variant is None:
             return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
-        gamma, rule = variant
+        gamma, rule, k = variant
+        if k > 1:
+            return multi_draft_decode(pair.target, pair.draft, group[0], max_new_tokens, gamma, k, config,
+                                      generator, scheme=scheme, clock=clock)
         return speculative_decode(pair.target, pair.draft, group, max_new_tokens, gamma, config, generator,
                                   clock=clock, rule=rule)
 
@@ -370,8 +386,9 @@ def bench_decode(
         groups = [pair.prompts[i:i + batch] for i in range(0, prompts, batch)]
         costs = _forward_costs(pair, encode_prompts(groups[0]), gammas)
         for config in configs:
-            calibrations = {rule: calibrate_steps(pair, encode_prompts(groups[0]), gammas, config, max_new_tokens,
-                                                  seed=seed, rule=rule) for rule in rules}
+            calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k), gammas, config,
+                                                       max_new_tokens, seed=seed, rule=rule)
+                            for rule, k in sorted({(v[1], v[2]) for v in variants})}
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
             speculative_decode(pair.target, pair.draft, groups[0], 8, gammas[0], config, warm)
@@ -392,8 +409,8 @@ def bench_decode(
             plain_group = [sum(decode_seconds(results[None][k][i]) for k in range(repeats))
                            for i in range(len(groups))]
             for variant in variants:
-                gamma, rule = variant
-                calibration = calibrations[rule]
+                gamma, rule, k = variant
+                calibration = calibrations[(rule, k)]
                 spec_all = [r for rep in results[variant] for r in rep]
                 timed_spec = spec_all if in_run else [run(groups[0], variant, config, seed, True)]
                 spec_group = [sum(decode_seconds(results[variant][k][i]) for k in range(repeats))
@@ -417,7 +434,7 @@ def bench_decode(
                 group_tokens = [max_new_tokens * repeats / sum(len(results[variant][k][i].accepted)
                                                               for k in range(repeats)) for i in range(len(groups))]
                 out_rows.append({
-                    "batch": batch, "temperature": config.temperature, "gamma": gamma, "rule": rule,
+                    "batch": batch, "temperature": config.temperature, "gamma": gamma, "rule": rule, "drafts": k,
                     "prompts": prompts, "groups": len(groups), "repeats": repeats,
                     "speedup": speedup, "speedup_ci95": _interval(plain_group, spec_group, seed),
                     "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
@@ -461,6 +478,7 @@ def bench_decode(
                                           "draft_parameters") if k in pair.info},
         "prompts_sha256": _prompts_hash(pair.prompts),
         "config": {"gammas": gammas, "temperatures": temperatures, "batches": batches, "rules": rules,
+                   "drafts": drafts, "scheme": scheme,
                    "prompts": prompts,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
@@ -474,36 +492,40 @@ def _paired_interval(first: list[float], second: list[float], seed: int) -> list
     return _interval(first, second, seed)
 
 
-def rule_comparison(record: dict, baseline: str = "token", other: str = "block") -> list[dict]:
-    """Return, per (batch, T, gamma) that a decode record measured under both rules, ``other`` against
-    ``baseline`` on the same prompts and seeds: each rule's tokens per target call (pooled, with a 95%
-    bootstrap interval over groups of prompts), their ratio (paired over groups: the same tokens, so it is
-    baseline calls / other calls) and the ratio of speedups (paired: baseline speculative seconds / other
-    speculative seconds, the plain runs being shared)."""
+def _variant(row: dict) -> tuple:
+    return row["batch"], row["temperature"], row["gamma"], row.get("rule", "token"), row.get("drafts", 1)
+
+
+def compare_variants(record: dict, baseline: tuple = ("token", 1), other: tuple = ("block", 1)) -> list[dict]:
+    """Return, per (batch, T, gamma) that a decode record measured under both variants (rule, drafts),
+    ``other`` against ``baseline`` on the same prompts and seeds: each one's tokens per target call
+    (pooled, with a 95% bootstrap interval over groups of prompts), their ratio other / baseline (paired
+    over groups: the same tokens, so it is baseline calls / other calls) and the ratio of speedups
+    other / baseline (paired: baseline speculative seconds / other speculative seconds; the plain runs
+    are shared)."""
     seed = record["config"]["seed"]
-    rows = {(r["batch"], r["temperature"], r["gamma"], r.get("rule", "token")): r for r in record["results"]}
+    rows = {_variant(r): r for r in record["results"]}
     out = []
-    for (batch, temperature, gamma, rule), base in rows.items():
-        if rule != baseline or (batch, temperature, gamma, other) not in rows:
+    for (batch, temperature, gamma, rule, k), base in rows.items():
+        if (rule, k) != tuple(baseline) or (batch, temperature, gamma, *other) not in rows:
             continue
-        alt = rows[(batch, temperature, gamma, other)]
+        alt = rows[(batch, temperature, gamma, *other)]
         new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
         base_calls, alt_calls = base["target_calls_per_group"], alt["target_calls_per_group"]
-
-        def tokens_interval(calls):
-            return _interval([new] * len(calls), calls, seed)
         out.append({
             "batch": batch, "temperature": temperature, "gamma": gamma, "groups": len(base_calls),
-            f"{baseline}_tokens_per_call": base["tokens_per_target_forward"],
-            f"{baseline}_tokens_per_call_ci95": tokens_interval(base_calls),
-            f"{other}_tokens_per_call": alt["tokens_per_target_forward"],
-            f"{other}_tokens_per_call_ci95": tokens_interval(alt_calls),
+            "baseline": list(baseline), "other": list(other),
+            "baseline_tokens_per_call": base["tokens_per_target_forward"],
+            "baseline_tokens_per_call_ci95": _interval([new] * len(base_calls), base_calls, seed),
+            "other_tokens_per_call": alt["tokens_per_target_forward"],
+            "other_tokens_per_call_ci95": _interval([new] * len(alt_calls), alt_calls, seed),
             "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
-            "tokens_per_call_ratio_ci95": _paired_interval(base_calls, alt_calls, seed),
-            f"{baseline}_speedup": base["speedup"], f"{other}_speedup": alt["speedup"],
+            "tokens_per_call_ratio_ci95": _interval(base_calls, alt_calls, seed),
+            "baseline_speedup": base["speedup"], "other_speedup": alt["speedup"],
+            "baseline_speedup_ci95": base["speedup_ci95"], "other_speedup_ci95": alt["speedup_ci95"],
             "speedup_ratio": sum(base["speculative_seconds_per_group"]) / sum(alt["speculative_seconds_per_group"]),
-            "speedup_ratio_ci95": _paired_interval(base["speculative_seconds_per_group"],
-                                                   alt["speculative_seconds_per_group"], seed),
+            "speedup_ratio_ci95": _interval(base["speculative_seconds_per_group"],
+                                            alt["speculative_seconds_per_group"], seed),
         })
     return out
 
@@ -531,7 +553,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     plain text or Markdown (``markdown=True``), with what it was measured on and a legend. A record of
     several rules gets a rule column."""
     rows = []
-    several = len(record["config"].get("rules", ["token"])) > 1
+    several = len(record["config"].get("rules", ["token"])) > 1 or max(record["config"].get("drafts", [1])) > 1
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
@@ -545,7 +567,8 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
                      f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
         if several:
-            rows[-1].insert(3, row.get("rule", "token"))
+            k = row.get("drafts", 1)
+            rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if k > 1 else ""))
     env = record["environment"]
     config = record["config"]
     notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "

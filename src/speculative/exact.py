@@ -416,7 +416,8 @@ def sun_example_table(gammas: Sequence[int] = (2, 3, 4), p: Sequence = SUN_P, q:
 
 
 def multi_draft_table(p: Sequence = (Fraction(1, 2), Fraction(3, 10), Fraction(1, 5)),
-                      q: Sequence = (Fraction(1, 5), Fraction(1, 2), Fraction(3, 10)), drafts: Sequence[int] = (1, 2, 3),
+                      q: Sequence = (Fraction(1, 5), Fraction(1, 2), Fraction(3, 10)),
+                      drafts: Sequence[int] = (1, 2, 3),
                       threshold=Fraction(1, 2)) -> list[dict]:
     """Return, per scheme, the exact probability that one of k candidates is accepted and the TV of the
     emitted token's law from p, for each k in ``drafts`` (by default on the three-token example)."""
