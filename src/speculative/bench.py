@@ -24,7 +24,7 @@ from .book import demo_settings  # noqa: F401  (importable from here, as it was 
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 from .timing import Clock, environment, median_call_seconds, synchronize
 
-__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "repeat_share",
+__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step", "repeat_share",
            "write_record",
            "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
@@ -246,6 +246,18 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
             "v_alone": {g: seconds[f"verify_{g}"] / plain for g in gammas}, "repeats": repeats}
 
 
+def per_plain_step(calibration: dict, plain_seconds: float) -> dict:
+    """Return ``calibration`` (from :func:`calibrate_steps`) with c, v and v_alone relative to a plain step
+    of ``plain_seconds`` instead of its own: multi-draft decoding runs k rows per step, but is compared
+    with plain decoding of one row, so its steps must be counted in that row's plain steps."""
+    seconds = calibration["seconds"]
+    gammas = list(calibration["v"])
+    return {**calibration, "c": seconds["draft"] / plain_seconds,
+            "v": {g: (seconds[f"block_{g}"] - g * seconds["draft"]) / plain_seconds for g in gammas},
+            "v_alone": {g: seconds[f"verify_{g}"] / plain_seconds for g in gammas},
+            "relative_to_plain_seconds": plain_seconds}
+
+
 def repeat_share(tokens: list[int], context: list[int], n: int = 8) -> float:
     """Return the share of generated positions whose n-gram (the n tokens ending there) already occurred
     earlier in ``context`` + ``tokens``: how much of an output repeats itself or its prompt. Positions
@@ -389,6 +401,10 @@ def bench_decode(
             calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k), gammas, config,
                                                        max_new_tokens, seed=seed, rule=rule)
                             for rule, k in sorted({(v[1], v[2]) for v in variants})}
+            plain_step = calibrations[(rules[0], 1)]["seconds"]["plain"]  # the plain step at batch 1
+            for key in calibrations:
+                if key[1] > 1:  # k chains are k rows: their steps count against plain decoding's step
+                    calibrations[key] = per_plain_step(calibrations[key], plain_step)
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
             speculative_decode(pair.target, pair.draft, groups[0], 8, gammas[0], config, warm)
