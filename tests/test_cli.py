@@ -217,7 +217,7 @@ def test_verify_prints_the_block_and_multi_draft_tables(capsys):
     out = capsys.readouterr().out
     # Sun et al.'s gamma = 2 values, computed by the enumeration (the paper states 10/9 and 11/9)
     assert "    2         10/9         11/9" in out
-    assert "top_k_threshold" in out and "without_replacement_unadjusted (9/20, 9/20, 1/10, 0)" in out
+    assert "top_k_threshold" in out and "without_replacement_unadjusted   (9/20, 9/20, 1/10, 0)" in out
 
 
 def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
