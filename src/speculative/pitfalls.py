@@ -542,9 +542,9 @@ MULTI_DRAFT_PITFALLS: list[Pitfall] = [
             options={"drafts": 2, "scheme": "without_replacement_unadjusted"}, cites=("eagle74",)),
     Pitfall("top_k_threshold", "A top-k tree accepted below threshold 1",
             "The fixed top-2 list of q is verified against the running sum of p divided by a threshold of 1/2, "
-            "so candidates are accepted twice as readily as the target allows.",
-            "SGLang's tree kernel exposes such thresholds (threshold_acc, threshold_single); it is exact only "
-            "when both are 1",
+            "so candidates are accepted up to twice as readily as the target allows.",
+            "SGLang's tree kernel exposes such thresholds (threshold_acc, threshold_single); it is exact "
+            "when threshold_acc is 1 and threshold_single at least 1",
             exact_multi_draft, sample_multi_draft,
             options={"drafts": 2, "scheme": "top_k_threshold", "threshold": Fraction(1, 2)},
             cites=("sglangtreekernel",)),
