@@ -24,8 +24,8 @@ from .book import demo_settings  # noqa: F401  (importable from here, as it was 
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 from .timing import Clock, environment, median_call_seconds, synchronize
 
-__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step", "repeat_share",
-           "write_record",
+__all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step",
+           "repeat_share", "write_record",
            "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND"]
 
 
@@ -313,7 +313,9 @@ def bench_decode(
     plain decoding and by speculative decoding at every gamma and verification rule (``rules``: "token",
     "block"), in turn, with the same seed; each rule has its own calibration. ``drafts`` above 1 adds
     multi-draft decoding (:func:`decode.multi_draft_decode`: that many chains per block, the root drawn
-    by ``scheme``, token-wise along the chosen chain) at batch 1, calibrated with that many rows.
+    by ``scheme``, token-wise along the chosen chain) at batch 1, calibrated with that many rows; those
+    rows have rule ``"chains"``, and run for every k in ``drafts``, 1 included (the same loop with one
+    chain), so that chains are compared with chains.
 
     Reported per point: the pooled speedup (all plain decode seconds / all speculative ones, the same
     tokens), the speedup of each group (per prompt at batch 1) with their median, a 95% bootstrap
@@ -351,8 +353,11 @@ def bench_decode(
     from .sampler import _check_scheme
 
     _check_scheme(scheme)
-    variants = [(g, rule, 1) for g in gammas for rule in rules] + [(g, "token", k) for g in gammas for k in drafts
-                                                                   if k > 1]
+    # multi-draft runs are labelled rule "chains" and run for every k in ``drafts``, k = 1 included, so that
+    # chains are compared with chains (the same loop) as well as with the single-chain loop
+    variants = [(g, rule, 1) for g in gammas for rule in rules]
+    if max(drafts) > 1:
+        variants += [(g, "chains", k) for g in gammas for k in drafts]
     device = pair.target.device
     configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
     if not gammas or not temperatures or not batches:
@@ -385,7 +390,7 @@ def bench_decode(
         if variant is None:
             return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
         gamma, rule, k = variant
-        if k > 1:
+        if rule == "chains":
             return multi_draft_decode(pair.target, pair.draft, group[0], max_new_tokens, gamma, k, config,
                                       generator, scheme=scheme, clock=clock)
         return speculative_decode(pair.target, pair.draft, group, max_new_tokens, gamma, config, generator,
@@ -399,11 +404,12 @@ def bench_decode(
         costs = _forward_costs(pair, encode_prompts(groups[0]), gammas)
         for config in configs:
             calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k), gammas, config,
-                                                       max_new_tokens, seed=seed, rule=rule)
+                                                       max_new_tokens, seed=seed,
+                                                       rule="token" if rule == "chains" else rule)
                             for rule, k in sorted({(v[1], v[2]) for v in variants})}
             plain_step = calibrations[(rules[0], 1)]["seconds"]["plain"]  # the plain step at batch 1
             for key in calibrations:
-                if key[1] > 1:  # k chains are k rows: their steps count against plain decoding's step
+                if key[0] == "chains":  # k chains are k rows: their steps count against plain decoding's step
                     calibrations[key] = per_plain_step(calibrations[key], plain_step)
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
@@ -584,7 +590,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                      f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
         if several:
             k = row.get("drafts", 1)
-            rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if k > 1 else ""))
+            rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if row.get("rule") == "chains" else ""))
     env = record["environment"]
     config = record["config"]
     notes = [f"measured on {env['device']} ({env.get('accelerator', env['cpu'])}), torch {env['torch']}, "
