@@ -156,20 +156,7 @@ def speculative_sequence_law(
     ``n_tokens`` tokens exist; the stream is then cut at ``n_tokens``.
     """
     _check_gamma(gamma)
-    if n_tokens < 1:
-        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
-    context = tuple(context)
-    law: dict[tuple, Fraction] = defaultdict(Fraction)
-
-    def run(emitted: tuple, prob: Fraction) -> None:
-        if len(emitted) >= n_tokens:
-            law[emitted[:n_tokens]] += prob
-            return
-        for block, block_prob in speculative_block_law(target, draft, context + emitted, gamma).items():
-            run(emitted + block, prob * block_prob)
-
-    run((), Fraction(1))
-    return dict(law)
+    return sequence_law(lambda here: speculative_block_law(target, draft, here, gamma), context, n_tokens)
 
 
 def target_sequence_law(target: ToyModel, context: tuple, n_tokens: int) -> dict[tuple, Fraction]:
