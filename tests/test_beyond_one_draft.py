@@ -269,13 +269,28 @@ def test_block_sampler_edge_cases_never_give_nan_or_a_bad_id(dtype):
         out = block_verify_sample(drafts, q, p, randomness=randomness, check_values=False)
         assert ((out.tokens >= -1) & (out.tokens < vocab)).all()
         assert bool((out.num_accepted == k).all())  # p = q: the whole block is kept
-    # a zero residual at the stopping point: q puts its mass where p has none
+    # every draft ruled out by p: q puts all its mass on a token p gives 0, so nothing is kept
     p = torch.zeros(batch, k + 1, vocab, dtype=dtype)
     p[..., 0] = 1
     q = torch.zeros(batch, k, vocab, dtype=dtype)
     q[..., 1] = 1
     out = block_verify_sample(torch.ones(batch, k, dtype=torch.long), q, p, generator)
     assert bool((out.num_accepted == 0).all()) and bool((out.tokens[:, 0] == 0).all())
+    # a residual of zero mass at the cut (p a hair below q everywhere, as rounding can leave it): with the
+    # uniforms just below 1 no position is kept, the weights max(p - q, 0) are all 0, and the sampler must
+    # fall back to p instead of dividing 0 by 0
+    logits = torch.randn(batch, k, vocab, generator=generator, dtype=torch.float64)
+    logits[..., -1] = -float("inf")  # the last id has probability 0: a sampler that falls through lands there
+    q = torch.softmax(logits, -1)
+    p = torch.cat([q, q[:, :1]], 1) * 0.99  # a shortfall that survives rounding to half precision
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=generator).reshape(batch, k)
+    high = Randomness(torch.full((batch, k + 1), float(np.nextafter(np.float32(1), np.float32(0))),
+                                 dtype=torch.float64))
+    out = block_verify_sample(drafts, q.to(dtype), p.to(dtype), randomness=high, check_values=False)
+    assert bool((out.num_accepted == 0).all())
+    first = out.tokens[:, 0]
+    assert bool(((first >= 0) & (first < vocab)).all())
+    assert bool((p[torch.arange(batch), 0, first] > 0).all())  # a token of p, never a made-up one
 
 
 def test_block_sampler_refuses_bad_input_like_the_token_wise_one():
