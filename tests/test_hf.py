@@ -26,10 +26,10 @@ def test_exported_logits_equal_the_library_models(pair, name):
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()  # tied, as ours
 
 
-def test_the_check_can_fail_an_untransposed_layer_is_seen(pair):
+def test_the_check_can_fail_a_misplaced_layer_is_seen(pair):
     hf = export(pair.draft)
     layer = hf.transformer.h[0].mlp.c_fc
-    with torch.no_grad():  # undo the Conv1D transpose for one square-free layer: the logits must move
+    with torch.no_grad():  # scramble one exported layer (its input rows reversed): the logits must move
         layer.weight.copy_(layer.weight.flip(0))
         tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(2))
         assert (pair.draft(tokens) - hf(tokens).logits).abs().max().item() > 1e-2

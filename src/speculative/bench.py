@@ -389,9 +389,9 @@ def bench_decode(
         generator = torch.Generator(device=device).manual_seed(run_seed)
         if variant is None:
             return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
-        gamma, rule, k = variant
+        gamma, rule, chains = variant
         if rule == "chains":
-            return multi_draft_decode(pair.target, pair.draft, group[0], max_new_tokens, gamma, k, config,
+            return multi_draft_decode(pair.target, pair.draft, group[0], max_new_tokens, gamma, chains, config,
                                       generator, scheme=scheme, clock=clock)
         return speculative_decode(pair.target, pair.draft, group, max_new_tokens, gamma, config, generator,
                                   clock=clock, rule=rule)
@@ -431,8 +431,8 @@ def bench_decode(
             plain_group = [sum(decode_seconds(results[None][k][i]) for k in range(repeats))
                            for i in range(len(groups))]
             for variant in variants:
-                gamma, rule, k = variant
-                calibration = calibrations[(rule, k)]
+                gamma, rule, chains = variant  # (k below always counts repeats)
+                calibration = calibrations[(rule, chains)]
                 spec_all = [r for rep in results[variant] for r in rep]
                 timed_spec = spec_all if in_run else [run(groups[0], variant, config, seed, True)]
                 spec_group = [sum(decode_seconds(results[variant][k][i]) for k in range(repeats))
@@ -456,7 +456,7 @@ def bench_decode(
                 group_tokens = [max_new_tokens * repeats / sum(len(results[variant][k][i].accepted)
                                                               for k in range(repeats)) for i in range(len(groups))]
                 out_rows.append({
-                    "batch": batch, "temperature": config.temperature, "gamma": gamma, "rule": rule, "drafts": k,
+                    "batch": batch, "temperature": config.temperature, "gamma": gamma, "rule": rule, "drafts": chains,
                     "prompts": prompts, "groups": len(groups), "repeats": repeats,
                     "speedup": speedup, "speedup_ci95": _interval(plain_group, spec_group, seed),
                     "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
@@ -507,11 +507,6 @@ def bench_decode(
                    "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.token_embedding.weight.dtype)},
         "results": out_rows,
     }
-
-
-def _paired_interval(first: list[float], second: list[float], seed: int) -> list[float]:
-    """Return a 95% percentile bootstrap interval, over groups, for sum(first) / sum(second), paired."""
-    return _interval(first, second, seed)
 
 
 def _variant(row: dict) -> tuple:

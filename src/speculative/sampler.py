@@ -41,6 +41,8 @@ from typing import Optional
 
 import torch
 
+from .exact import SCHEMES
+
 __all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample",
            "reference_rejection_sample", "block_verify_sample", "RULES", "rule_sampler", "draw_candidates",
            "MultiDraftOutput", "multi_draft_sample"]
@@ -378,13 +380,9 @@ class MultiDraftOutput:
     chosen: torch.Tensor  # (B,) int64: the index of the accepted candidate, or -1 when all were rejected
 
 
-_MULTI_SCHEMES = ("with_replacement", "without_replacement", "top_k", "without_replacement_unadjusted",
-                  "top_k_threshold")
-
-
 def _check_scheme(scheme: str) -> None:
-    if scheme not in _MULTI_SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(_MULTI_SCHEMES)}")
+    if scheme not in SCHEMES:  # exact.SCHEMES: one list of schemes, each with its exact law
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
 
 
 def draw_candidates(draft_probs: torch.Tensor, drafts: int, scheme: str, generator: torch.Generator) -> torch.Tensor:
