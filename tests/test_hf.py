@@ -1,12 +1,25 @@
-"""speculative.hf: the shipped models exported to transformers' GPT-2 (issue 13, first step)."""
+"""speculative.hf: the shipped models exported to transformers' GPT-2, and any transformers causal LM in the engine.
+
+Offline throughout: the exported pair, and tiny randomly initialised GPT-2 and Llama models built from
+configs with fixed seeds (no download). The two-token law tests use Pearson's chi-square after pooling,
+rejecting at p < 1e-6 (``stats.FALSE_ALARM_RATE``): a correct engine fails one with probability 1e-6, and
+the seeds are fixed. Their power is asserted: with probability 0.99 each rejects any law whose total
+variation from the exact one, on the pooled cells, exceeds ``stats.detectable_tv`` (under 0.1 here).
+"""
+
+from collections import Counter
 
 import pytest
 import torch
 
-from speculative.decode import plain_decode
-from speculative.hf import export
+from speculative import stats
+from speculative.decode import plain_decode, speculative_decode
+from speculative.evaluate import exact_two_byte_law
+from speculative.hf import export, load_pair as load_hf_pair, pair as hf_pair, wrap
 from speculative.pair import load_pair
 from speculative.transforms import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +60,154 @@ def test_transformers_greedy_generation_equals_the_engines(pair):
 def test_export_refuses_anything_but_the_library_gpt():
     with pytest.raises(TypeError, match="library's GPT"):
         export(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# wrap: any transformers causal LM in the engine
+
+
+def tiny(family: str, seed: int, vocab: int = 8, layers: int = 2, width: int = 32, context: int = 64):
+    """A randomly initialised transformers model from a config (no download). The large initial scale
+    makes its distributions far from uniform, so that draft and target disagree often."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if family == "gpt2":
+        config = GPT2Config(vocab_size=vocab, n_positions=context, n_embd=width, n_layer=layers, n_head=4,
+                            initializer_range=0.5, **special)
+        return GPT2LMHeadModel(config).eval()
+    config = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         initializer_range=0.5, **special)
+    return LlamaForCausalLM(config).eval()
+
+
+def byte_tokenizer(swap: bool = False):
+    """A byte-level tokenizer of 256 tokens with no merges, built offline; ``swap`` exchanges two ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    if swap:
+        alphabet[0], alphabet[1] = alphabet[1], alphabet[0]
+    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core)
+
+
+def test_the_wrapped_exported_pair_decodes_greedily_as_the_library_target(pair):
+    # three prompts of different lengths in one batch: each row keeps its own cache and positions
+    prompts = [pair.prompts[0][:50], pair.prompts[1], pair.prompts[2][:70]]
+    target, draft = wrap(export(pair.target)), wrap(export(pair.draft))
+    reference = plain_decode(pair.target, prompts, 40, GREEDY).tokens
+    out = speculative_decode(target, draft, prompts, 40, 4, GREEDY)
+    assert out.tokens == reference
+    assert 0 < out.acceptance_rate() < 1  # drafts were both accepted and rejected: the rollback ran
+    assert plain_decode(target, prompts, 40, GREEDY).tokens == reference
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tiny_models_decode_greedily_as_their_own_generate(family):
+    target, draft = tiny(family, 1), tiny(family, 2, layers=1, width=16)
+    prompts = [[1, 2, 3, 4, 5], [7, 0, 6], [3, 3, 1, 0, 2, 5, 4]]
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        expected.append(target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                                        do_sample=False)[0, len(prompt):].tolist())
+    wrapped = wrap(target)
+    assert plain_decode(wrapped, prompts, 30, GREEDY).tokens == expected
+    out = speculative_decode(wrapped, wrap(draft), prompts, 30, 3, GREEDY)
+    assert out.tokens == expected
+    assert 0 < out.acceptance_rate() < 1
+
+
+def _two_token_test(target, draft, seed: int, rows: int = 3_000):
+    prompt = [1, 2, 3, 4, 5]
+    law = exact_two_byte_law(target, prompt, SamplingConfig()).flatten().tolist()  # full forwards, no cache
+    out = speculative_decode(target, draft, [prompt] * rows, 2, 1, SamplingConfig(), torch.Generator().manual_seed(seed))
+    vocab = target.config.vocab_size
+    counts = Counter(a * vocab + b for a, b in out.tokens)
+    return stats.goodness_of_fit([counts[i] for i in range(vocab * vocab)], law), law, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tiny_models_first_two_tokens_follow_the_exact_law(family):
+    # gamma = 1 and two tokens: a row whose draft is rejected needs a second block, after a crop
+    target, draft = wrap(tiny(family, 1)), wrap(tiny(family, 2, layers=1, width=16))
+    result, law, out = _two_token_test(target, draft, seed=5)
+    assert not result.rejects(), result
+    assert stats.detectable_tv(3_000, stats.pooled(law, 3_000)) < 0.1
+    assert 0.1 < out.acceptance_rate() < 0.9  # both paths taken often
+
+
+@pytest.mark.slow
+def test_the_law_test_catches_a_wrapper_that_does_not_roll_back(monkeypatch):
+    # sabotage: cropping does nothing, so a row after a rejection attends to the rejected draft
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(DynamicCache, "crop", lambda self, n: None)
+    target, draft = wrap(tiny("gpt2", 1)), wrap(tiny("gpt2", 2, layers=1, width=16))
+    result, _, _ = _two_token_test(target, draft, seed=5)
+    assert result.rejects(), result
+
+
+def test_the_law_test_catches_a_wrong_rule_on_wrapped_models():
+    from speculative import pitfalls
+
+    target, draft = wrap(tiny("gpt2", 1)), wrap(tiny("gpt2", 2, layers=1, width=16))
+    prompt = [1, 2, 3, 4, 5]
+    law = exact_two_byte_law(target, prompt, SamplingConfig()).flatten().tolist()
+    out = speculative_decode(target, draft, [prompt] * 600, 2, 1, SamplingConfig(), torch.Generator().manual_seed(5),
+                             sampler=pitfalls.resample_from_target_sampler())
+    counts = Counter(a * 8 + b for a, b in out.tokens)
+    assert stats.goodness_of_fit([counts[i] for i in range(64)], law).rejects()
+
+
+def test_padded_vocabularies_are_cut_to_the_tokenizer():
+    # two checkpoints padded past the tokenizer to different sizes (as Qwen2.5 0.5B and 7B are)
+    tokenizer = byte_tokenizer()
+    target, draft = tiny("gpt2", 1, vocab=272), tiny("gpt2", 2, vocab=264, layers=1, width=16)
+    with pytest.raises(ValueError, match="pass both tokenizers"):
+        hf_pair(target, draft)
+    wrapped = hf_pair(target, draft, tokenizer, tokenizer, prompts=["def f(x):"])
+    assert wrapped.target.config.vocab_size == wrapped.draft.config.vocab_size == 256
+    ids = torch.tensor([wrapped.prompts[0]])
+    assert torch.equal(wrapped.target(ids), target(ids).logits[..., :256])
+    out = speculative_decode(wrapped.target, wrapped.draft, wrapped.prompts, 20, 3, GREEDY)
+    assert out.tokens == plain_decode(wrapped.target, wrapped.prompts, 20, GREEDY).tokens
+    assert max(max(row) for row in out.tokens) < 256
+
+
+def test_a_draft_with_another_tokenizer_is_refused():
+    target, draft = tiny("gpt2", 1, vocab=256), tiny("gpt2", 2, vocab=256, layers=1, width=16)
+    with pytest.raises(ValueError, match="draft's tokenizer is not the target's"):
+        hf_pair(target, draft, byte_tokenizer(), byte_tokenizer(swap=True))
+
+
+def test_wrapped_models_refuse_what_they_cannot_do(pair):
+    from speculative.decode import multi_draft_decode
+
+    target = wrap(tiny("gpt2", 1))
+    with pytest.raises(TypeError, match="library's GPT only"):
+        multi_draft_decode(target, target, [1, 2, 3], 4, 2, 2)
+    with pytest.raises(TypeError, match="transformers model"):
+        wrap(pair.target)
+    with pytest.raises(ValueError, match="vocab_size must be"):
+        wrap(tiny("gpt2", 1), vocab_size=9)
+    with pytest.raises(ValueError, match="context"):
+        plain_decode(target, [[1, 2, 3]], 70, GREEDY)
+
+
+def test_load_pair_reads_saved_checkpoints_offline(tmp_path):
+    tokenizer = byte_tokenizer()
+    for name, model in (("t", tiny("llama", 1, vocab=256)), ("d", tiny("llama", 2, vocab=256, layers=1, width=16))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    loaded = load_hf_pair(str(tmp_path / "t"), str(tmp_path / "d"), prompts=["x = 1"])
+    assert loaded.prompts == [tokenizer("x = 1", add_special_tokens=False)["input_ids"]]
+    out = speculative_decode(loaded.target, loaded.draft, loaded.prompts, 12, 2, GREEDY)
+    assert out.tokens == plain_decode(loaded.target, loaded.prompts, 12, GREEDY).tokens

@@ -197,7 +197,10 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     span = max(len(r) for r in rows) + middle + max(gammas) + 1
     start = torch.tensor([len(r) - 1 + middle for r in rows], device=device)
     last = torch.tensor([[r[-1]] for r in rows], device=device)
-    caches = {"target": prefill(pair.target, rows, length=span), "draft": prefill(pair.draft, rows, length=span)}
+    # the caches really hold the positions before the step (the prompt, then its last token repeated), as a
+    # wrapped transformers model needs; the library's GPT would attend over the zeros there just as fast
+    held = [r + r[-1:] * middle for r in rows]
+    caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
     vocab = pair.target.config.vocab_size
     sampler = rule_sampler(rule)
 
@@ -374,7 +377,8 @@ def bench_decode(
                          f"(--prompts; the pair ships {len(pair.prompts)})")
     if any(prompts % b for b in batches):
         raise ValueError(f"the number of prompts ({prompts}) must be a multiple of every batch size {batches}")
-    rows_all = encode_prompts(pair.prompts[:prompts], pair.target.config.vocab_size)
+    vocab = pair.target.config.vocab_size
+    rows_all = encode_prompts(pair.prompts[:prompts], vocab)
     for model in (pair.target, pair.draft):  # the longest run first: fail now, not after an hour
         check_room(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
     out_rows = []
@@ -401,9 +405,9 @@ def bench_decode(
 
     for batch in batches:
         groups = [pair.prompts[i:i + batch] for i in range(0, prompts, batch)]
-        costs = _forward_costs(pair, encode_prompts(groups[0]), gammas)
+        costs = _forward_costs(pair, encode_prompts(groups[0], vocab), gammas)
         for config in configs:
-            calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k), gammas, config,
+            calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k, vocab), gammas, config,
                                                        max_new_tokens, seed=seed,
                                                        rule="token" if rule == "chains" else rule)
                             for rule, k in sorted({(v[1], v[2]) for v in variants})}
@@ -504,7 +508,7 @@ def bench_decode(
                    "prompts": prompts,
                    "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
-                   "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.token_embedding.weight.dtype)},
+                   "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.dtype)},
         "results": out_rows,
     }
 
@@ -552,6 +556,8 @@ def _prompts_hash(prompts) -> str:
 
     digest = hashlib.sha256()
     for prompt in prompts:
+        if not isinstance(prompt, bytes):  # token ids (a transformers tokenizer's): 4 bytes each
+            prompt = b"".join(int(t).to_bytes(4, "big") for t in prompt)
         digest.update(len(prompt).to_bytes(4, "big") + prompt)
     return digest.hexdigest()
 

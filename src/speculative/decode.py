@@ -366,6 +366,9 @@ def multi_draft_decode(target: GPT, draft: GPT, prompt: Prompt, max_new_tokens: 
     """
     from .sampler import _check_scheme, draw_candidates, multi_draft_sample
 
+    if not isinstance(target, GPT) or not isinstance(draft, GPT):
+        raise TypeError("multi_draft_decode copies cache slices between rows and runs the library's GPT only, "
+                        "not a wrapped transformers model")
     _check_scheme(scheme)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")

@@ -15,11 +15,15 @@ Status (issue 13): only the export exists so far. Wrapping any transformers caus
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
 import torch
 
 from .model import GPT
 
-__all__ = ["export", "gpt2_config"]
+__all__ = ["export", "gpt2_config", "wrap", "pair", "load_pair", "same_tokenizer", "HFModel", "HFPair", "HFCache"]
 
 
 def gpt2_config(model: GPT):
@@ -63,3 +67,209 @@ def export(model: GPT):
     body.ln_f.bias.copy_(model.ln_f.bias)
     out.tie_weights()  # the head shares wte, as the library's head shares its token embedding
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Any transformers causal LM in the engine
+
+
+@dataclass(frozen=True)
+class HFShape:
+    """What the engine reads from a model's config: the vocabulary it decodes over and the context."""
+
+    vocab_size: int
+    context: int
+    name: str = ""
+
+
+class HFCache:
+    """One transformers ``DynamicCache`` per row, so that every row keeps its own length.
+
+    The engine writes a call's keys and values at positions ``start[b] ..`` and attends up to them; a
+    transformers cache instead appends. Rolling back is cropping: before each call, row b's cache is cut
+    to ``start[b]`` positions (dropping the stale tail of rejected drafts), and the model appends from
+    there, so its default positions are the engine's. Rows run one after another: correct at any batch,
+    but a batch of B costs about B batch-1 calls.
+    """
+
+    def __init__(self, rows: list, context: int):
+        self.rows = rows
+        self.batch = len(rows)
+        self.context = context
+
+    def broadcast(self, batch: int) -> "HFCache":
+        if self.batch != 1:
+            raise ValueError(f"broadcast needs a cache of one row, this one has {self.batch}")
+        return HFCache([copy.deepcopy(self.rows[0]) for _ in range(batch)], self.context)
+
+    def select(self, rows: torch.Tensor) -> "HFCache":
+        return HFCache([copy.deepcopy(self.rows[int(i)]) for i in rows.tolist()], self.context)
+
+
+class HFModel:
+    """A transformers causal LM behind the interface the engine calls (see :func:`wrap`)."""
+
+    def __init__(self, model, vocab_size: Optional[int] = None, tokenizer=None, name: str = ""):
+        config = model.config
+        produced = model.get_output_embeddings().weight.shape[0]  # logits per position, padding included
+        vocab_size = produced if vocab_size is None else vocab_size
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= produced:
+            raise ValueError(f"vocab_size must be an integer in [1, {produced}] (the model's logits), got {vocab_size!r}")
+        context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        if not context:
+            raise ValueError(f"{type(model).__name__}'s config names no context length "
+                             "(max_position_embeddings or n_positions)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = HFShape(vocab_size=vocab_size, context=int(context),
+                              name=name or getattr(config, "_name_or_path", "") or type(model).__name__)
+
+    def __repr__(self) -> str:
+        return f"HFModel({self.config.name!r}, vocab_size={self.config.vocab_size}, context={self.config.context})"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def new_cache(self, batch: int, device=None, dtype=None, length: Optional[int] = None) -> HFCache:
+        from transformers import DynamicCache
+
+        length = self.config.context if length is None else length
+        if not 1 <= length <= self.config.context:
+            raise ValueError(f"cache length must be in [1, {self.config.context}], got {length}")
+        return HFCache([DynamicCache(config=self.model.config) for _ in range(batch)], length)
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, start=None, cache: Optional[HFCache] = None, *,
+                 span: Optional[int] = None, check: bool = True) -> torch.Tensor:
+        """Return logits (B, T, vocab_size) for ``tokens`` placed at positions start[b] .. start[b] + T - 1,
+        as :meth:`model.GPT.forward` does; ``span`` is not needed (a cropped cache holds no stale tail)."""
+        batch, steps = tokens.shape
+        vocab = self.config.vocab_size
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids in [0, {vocab})")
+        if check:
+            low, high = tokens.aminmax()
+            if low < 0 or high >= vocab:
+                raise ValueError(f"tokens must be integer ids in [0, {vocab})")
+        if cache is None:
+            if start is not None:
+                raise ValueError("start positions need a cache")
+            return self.model(tokens).logits[..., :vocab]
+        if cache.batch != batch:
+            raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
+        if isinstance(start, int) and not isinstance(start, bool):
+            starts = [start] * batch
+        elif isinstance(start, torch.Tensor) and start.shape == (batch,):
+            starts = start.tolist()  # a host read per call: transformers' caches keep lengths on the host
+        else:
+            raise ValueError(f"with a cache, start must be an int or have shape ({batch},)")
+        out = []
+        for row, (begin, past) in enumerate(zip(starts, cache.rows)):
+            held = past.get_seq_length()
+            if not 0 <= begin <= held or begin + steps > cache.context:
+                raise ValueError(f"row {row}: positions {begin}..{begin + steps - 1} do not follow its cache of "
+                                 f"{held} positions (room for {cache.context})")
+            if begin < held:
+                past.crop(begin - held)  # drop the stale tail: rejected drafts, padding
+            out.append(self.model(tokens[row:row + 1], cache=past, use_cache=True).logits[..., :vocab])
+        return torch.cat(out, 0)
+
+
+def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = "") -> HFModel:
+    """Return ``model`` (any transformers causal LM whose cache can be cropped: GPT-2, Llama, Qwen2, ...)
+    in the form :func:`decode.plain_decode`, :func:`decode.speculative_decode` and
+    :func:`bench.bench_decode` call.
+
+    ``vocab_size`` keeps only the first that many logits (default: all the model produces). Checkpoints
+    pad their embedding tables past the tokenizer (Qwen2.5 0.5B to 151,936 rows, 7B to 152,064, for a
+    tokenizer of 151,665): :func:`pair` cuts both to the tokenizer, so that both models decode over the
+    same tokens. The padding rows are never produced by the tokenizer; the law decoded is the model's
+    renormalised over real tokens. Batches of any size are correct (each row keeps its own cache and
+    positions; see :class:`HFCache`) but run row by row.
+    """
+    if isinstance(model, GPT):
+        raise TypeError("wrap takes a transformers model; the library's GPT runs in the engine as it is "
+                        "(or export it first with speculative.hf.export)")
+    if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+        raise TypeError(f"wrap takes a transformers causal LM (with an LM head), got {type(model).__name__}")
+    return HFModel(model, vocab_size=vocab_size, tokenizer=tokenizer, name=name)
+
+
+def same_tokenizer(first, second) -> Optional[str]:
+    """Return None if the two tokenizers map the same strings to the same ids, else one line saying how
+    they differ."""
+    a, b = first.get_vocab(), second.get_vocab()
+    if a == b:
+        return None
+    differ = len(set(a.items()) ^ set(b.items()))
+    return f"{len(a)} vs {len(b)} entries, {differ} (token, id) pairs in one and not the other"
+
+
+def pair(target, draft, target_tokenizer=None, draft_tokenizer=None, prompts: Sequence[str] = (),
+         name: str = "") -> "HFPair":
+    """Return a pair of wrapped transformers models ready for the engine and :func:`bench.bench_decode`.
+
+    With both tokenizers: raise ValueError unless they are the same (a draft with another tokenizer
+    proposes ids that mean other strings; this engine does not translate, unlike transformers'
+    universal assisted generation), and cut both models' logits to the tokenizer's length, so that
+    embedding tables padded to different sizes are aligned. Without tokenizers, the models must produce
+    the same number of logits. ``prompts`` (strings) are encoded with the tokenizer for the benchmark.
+    """
+    if (target_tokenizer is None) != (draft_tokenizer is None):
+        raise ValueError("pass both tokenizers or neither")
+    sizes = [m.get_output_embeddings().weight.shape[0] for m in (target, draft)]
+    if target_tokenizer is not None:
+        problem = same_tokenizer(target_tokenizer, draft_tokenizer)
+        if problem:
+            raise ValueError(f"the draft's tokenizer is not the target's ({problem}): speculative decoding here "
+                             "needs one vocabulary")
+        vocab = len(target_tokenizer)
+        if vocab > min(sizes):
+            raise ValueError(f"the tokenizer has {vocab} tokens but a model produces only {min(sizes)} logits")
+    elif sizes[0] != sizes[1]:
+        raise ValueError(f"vocabulary mismatch: the target produces {sizes[0]} logits, the draft {sizes[1]}; "
+                         "pass both tokenizers so that padding rows can be cut off")
+    else:
+        vocab = sizes[0]
+    if prompts and target_tokenizer is None:
+        raise ValueError("prompts are strings: pass the tokenizers to encode them")
+    rows = [target_tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    names = [getattr(m.config, "_name_or_path", "") or type(m).__name__ for m in (target, draft)]
+    return HFPair(target=wrap(target, vocab, target_tokenizer, names[0]),
+                  draft=wrap(draft, vocab, draft_tokenizer, names[1]),
+                  info={"target": names[0], "draft": names[1], "vocab_size": vocab,
+                        "target_parameters": sum(p.numel() for p in target.parameters()),
+                        "draft_parameters": sum(p.numel() for p in draft.parameters())},
+                  prompts=rows, sha256=name or f"{names[0]} / {names[1]}", folder=None)
+
+
+@dataclass
+class HFPair:
+    """A wrapped target and draft, with prompts as token ids: what :func:`bench.bench_decode` takes."""
+
+    target: HFModel
+    draft: HFModel
+    info: dict
+    prompts: list
+    sha256: str  # no checksum of weights: the models' names stand in
+    folder: Optional[str] = None
+
+
+def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu", dtype=torch.float32) -> HFPair:
+    """Return :func:`pair` of two checkpoints loaded with ``AutoModelForCausalLM`` and ``AutoTokenizer``
+    (hub names or local folders; nothing here downloads unless transformers can reach a hub)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = []
+    for name in (target, draft):
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
+        loaded += [model, AutoTokenizer.from_pretrained(name)]
+    return pair(loaded[0], loaded[2], loaded[1], loaded[3], prompts=prompts)

@@ -146,6 +146,10 @@ class GPT(nn.Module):
         """The device the weights are on: the one source of truth for where this model runs."""
         return self.token_embedding.weight.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.token_embedding.weight.dtype
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
