@@ -60,6 +60,16 @@ def _rules(text: str) -> list[str]:
     return rules
 
 
+def _schedules(text: str) -> list[str]:
+    from .hf import HF_SCHEDULES
+
+    names = [t.strip() for t in text.split(",")]
+    bad = [n for n in names if n not in HF_SCHEDULES]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(HF_SCHEDULES)}, got {text!r}")
+    return names
+
+
 def _device(text: str) -> str:
     import torch
 
@@ -142,9 +152,30 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--dtype", choices=_DTYPES, default="float32",
                         help="weights and cache dtype (half precision is meant for CUDA)")
     decode.add_argument("--pair", default=None, help="folder of a model pair (default: the shipped pair)")
+    decode.add_argument("--hf-target", default=None, metavar="NAME|FOLDER",
+                        help="a transformers causal LM as the target (with --hf-draft; same tokenizer), decoding "
+                             "the shipped prompts as text")
+    decode.add_argument("--hf-draft", default=None, metavar="NAME|FOLDER", help="a transformers causal LM as the draft")
     decode.add_argument("--out", default=None, help="write the JSON record here, e.g. results/decode_cpu.json")
     decode.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     decode.set_defaults(run=_run_bench_decode)
+
+    peer = targets.add_parser("peer", help="this engine vs transformers' assisted generation on the exported pair",
+                              formatter_class=formatter)
+    peer.add_argument("--temperature", type=_temperatures, default=[0.0, 1.0], metavar="T[,T...]",
+                      help="temperatures, 0 = greedy")
+    peer.add_argument("--gamma", type=_int, default=4, help="this engine's draft length, and the fixed schedule's")
+    peer.add_argument("--schedules", type=_schedules, default=["default", "fixed"], metavar="S[,S...]",
+                      help="transformers' draft-length schedules: default, fixed, heuristic")
+    peer.add_argument("--prompts", type=_int, default=32, help="held-out prompts, each decoded by every decoder")
+    peer.add_argument("--max-new-tokens", type=_int, default=128, help="tokens generated per prompt")
+    peer.add_argument("--repeats", type=_int, default=2, help="timed rounds over the prompts, after a warm-up")
+    peer.add_argument("--seed", type=int, default=0, help="seed of the sampling generators")
+    peer.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    peer.add_argument("--dtype", choices=_DTYPES, default="float32", help="weights and cache dtype")
+    peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
+    peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    peer.set_defaults(run=_run_bench_peer)
 
     train = commands.add_parser("train", help="train a target and a draft on the stdlib corpus and save the pair "
                                 "(defaults: the shipped pair's shapes and budgets)", formatter_class=formatter)
@@ -179,11 +210,36 @@ def _run_bench_decode(args) -> int:
     from .bench import bench_decode, format_decode_table, write_record
     from .pair import load_pair
 
+    if (args.hf_target is None) != (args.hf_draft is None):
+        raise ValueError("pass both --hf-target and --hf-draft, or neither")
+    if args.hf_target and args.pair:
+        raise ValueError("--pair and --hf-target name two different pairs: pass one")
     pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
+    if args.hf_target:
+        from .hf import load_pair as load_hf_pair
+
+        text = [p.decode("utf-8", errors="replace") for p in pair.prompts]
+        pair = load_hf_pair(args.hf_target, args.hf_draft, text, device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
                           args.seed, prompts=args.prompts, progress=not args.no_progress, top_k=args.top_k,
                           top_p=args.top_p, rules=args.rule, drafts=args.drafts, scheme=args.scheme)
     print(format_decode_table(record))
+    path = write_record(record, args.out)
+    if path:
+        print(f"record written to {path}")
+    return 0
+
+
+def _run_bench_peer(args) -> int:
+    import torch
+
+    from .bench import bench_peer, format_peer_table, write_record
+    from .pair import load_pair
+
+    pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
+    record = bench_peer(pair, args.temperature, args.gamma, args.schedules, args.prompts, args.max_new_tokens,
+                        args.repeats, args.seed, progress=not args.no_progress)
+    print(format_peer_table(record))
     path = write_record(record, args.out)
     if path:
         print(f"record written to {path}")

@@ -9,6 +9,7 @@ a number was measured on.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -20,13 +21,15 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from . import defaults
+from .model import GPT
 from .book import demo_settings  # noqa: F401  (importable from here, as it was before book.py)
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step",
            "repeat_share", "write_record",
-           "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND"]
+           "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND",
+           "bench_peer", "format_peer_table", "PEER_LEGEND"]
 
 
 def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, dict]:
@@ -351,6 +354,8 @@ def bench_decode(
     drafts = sorted(set(drafts))
     if not drafts or min(drafts) < 1:
         raise ValueError(f"drafts (chains per block) must be integers >= 1, got {drafts}")
+    if max(drafts) > 1 and not isinstance(pair.target, GPT):
+        raise ValueError("multi-draft decoding runs the library's GPT only, not wrapped transformers models")
     if max(drafts) > 1 and max(batches) > 1:
         raise ValueError("multi-draft decoding runs one prompt at a time (its chains are the batch): use batch 1")
     from .sampler import _check_scheme
@@ -602,4 +607,199 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                "effic."]
     if several:
         headers.insert(3, "rule")
+    return _table(headers, rows, notes, markdown)
+
+
+def _ci(columns: list, statistic: Callable, seed: int) -> list[float]:
+    """Return a 95% percentile bootstrap interval (2,000 resamples, paired over prompts) of ``statistic``
+    of the per-prompt ``columns``."""
+    from scipy.stats import bootstrap
+
+    if len(columns[0]) < 2:
+        return [float("nan"), float("nan")]
+    result = bootstrap(tuple(columns), statistic, paired=True, vectorized=False, n_resamples=2000,
+                       confidence_level=0.95, method="percentile", random_state=seed)
+    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+
+
+#: The decoders the race runs on every prompt, in turn: this engine (speculative and plain, on the library's
+#: models, and speculative on the exported models wrapped by ``hf.wrap``) and transformers' ``generate``
+#: (plain, and assisted under each schedule raced).
+PEER_LEGEND = (
+    "tok/s: new tokens per second of the whole call (prefill included), pooled over prompts and repeats, "
+    "with a 95% bootstrap interval over prompts; ours/HF: the ratio of the two, paired by prompt; alpha: "
+    "accepted / drafted tokens; tok/call: new tokens per target call that emits tokens.")
+
+
+def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
+               schedules: Iterable[str] = ("default", "fixed"), prompts: int = 32, max_new_tokens: int = 128,
+               repeats: int = 2, seed: int = 0, progress: bool = True) -> dict:
+    """Return a record of this engine against transformers' assisted generation on the same models, side by side.
+
+    The shipped pair is exported to transformers' GPT-2 (:func:`hf.export`: equal logits), so both sides
+    decode the same models, prompts and number of new tokens at batch 1 (the batch transformers'
+    assisted generation supports), on one machine, in one run. For each temperature, every prompt is
+    decoded in turn by: this engine at a fixed ``gamma`` (``ours``), its plain decoding
+    (``ours_plain``), this engine on the exported models through :func:`hf.wrap` (``ours_on_hf_models``:
+    the same loop with transformers' forwards), ``generate`` without an assistant (``hf_plain``) and
+    ``generate(assistant_model=...)`` under each schedule in ``schedules`` (:data:`hf.HF_SCHEDULES`;
+    "fixed" drafts ``gamma``). Each call is timed whole (prefill included); the round repeats
+    ``repeats`` times after a warm-up. At temperature 0 every decoder must emit the target's greedy
+    tokens, and the record says whether they did. One row per (temperature, schedule).
+    """
+    import transformers
+    from tqdm import tqdm
+
+    from .decode import encode_prompts, plain_decode, speculative_decode
+    from .hf import HF_SCHEDULES, assisted_generate, export, plain_generate, wrap
+    from .stats import measured_acceptance_rate
+    from .transforms import SamplingConfig
+
+    temperatures, schedules = list(temperatures), list(schedules)
+    for name, value in (("gamma", gamma), ("prompts", prompts), ("max_new_tokens", max_new_tokens),
+                        ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not temperatures or any(t < 0 for t in temperatures):
+        raise ValueError(f"temperatures must be >= 0, got {temperatures}")
+    if not schedules or any(s not in HF_SCHEDULES for s in schedules):
+        raise ValueError(f"schedules must be among {', '.join(HF_SCHEDULES)}, got {schedules}")
+    if prompts > len(pair.prompts):
+        raise ValueError(f"{prompts} prompts asked for, but the pair ships {len(pair.prompts)}")
+    rows = encode_prompts(pair.prompts[:prompts], pair.target.config.vocab_size)
+    from .decode import check_room
+
+    for model in (pair.target, pair.draft):  # transformers' default schedule drafts up to 20 tokens
+        check_room(model, rows, max_new_tokens, lookahead=max(gamma, 20) + 2)
+    device = pair.target.device
+    hf_target, hf_draft = export(pair.target), export(pair.draft)
+    wrapped = (wrap(hf_target), wrap(hf_draft))
+    names = ["ours", "ours_plain", "ours_on_hf_models", "hf_plain", *[f"hf_{s}" for s in schedules]]
+
+    def decoders(config, run_seed):
+        generator = lambda: torch.Generator(device=device).manual_seed(run_seed)  # noqa: E731
+        t = config.temperature
+        out = {"ours": lambda r, n: speculative_decode(pair.target, pair.draft, [r], n, gamma, config, generator()),
+               "ours_plain": lambda r, n: plain_decode(pair.target, [r], n, config, generator()),
+               "ours_on_hf_models": lambda r, n: speculative_decode(*wrapped, [r], n, gamma, config, generator()),
+               "hf_plain": lambda r, n: plain_generate(hf_target, r, n, t, run_seed)}
+        for s in schedules:
+            out[f"hf_{s}"] = (lambda s: lambda r, n: assisted_generate(hf_target, hf_draft, r, n, t, s, gamma,
+                                                                       run_seed))(s)
+        return out
+
+    def tokens_of(result):
+        return result if isinstance(result, list) else getattr(result, "tokens")
+
+    total = len(temperatures) * repeats * prompts * len(names)
+    bar = tqdm(total=total, desc="peer race", disable=not progress, file=sys.stderr)
+    out_rows = []
+    greedy_equal = {}
+    for temperature in temperatures:
+        config = SamplingConfig(temperature=temperature)
+        for run in decoders(config, seed).values():  # warm-up, not timed
+            run(rows[0], 16)
+        seconds = {n: [0.0] * prompts for n in names}
+        blocks = {n: [0] * prompts for n in names}  # target calls that emitted tokens
+        drafted = {n: [0] * prompts for n in names}
+        accepted = {n: [0] * prompts for n in names}
+        reference = {}
+        for repeat in range(repeats):
+            runs = decoders(config, seed + repeat)
+            for i, row in enumerate(rows):
+                for name in names:
+                    synchronize(device)
+                    began = time.perf_counter()
+                    result = runs[name](row, max_new_tokens)
+                    synchronize(device)
+                    seconds[name][i] += time.perf_counter() - began
+                    bar.update()
+                    tokens = tokens_of(result)
+                    tokens = tokens[0] if tokens and isinstance(tokens[0], list) else tokens
+                    if temperature == 0:
+                        reference.setdefault(i, tokens)
+                        greedy_equal[name] = greedy_equal.get(name, True) and tokens == reference[i]
+                    if name in ("ours", "ours_on_hf_models"):
+                        counts = torch.stack(result.accepted).reshape(-1)
+                        counts = counts[counts >= 0]
+                        blocks[name][i] += len(counts)
+                        drafted[name][i] += gamma * len(counts)
+                        accepted[name][i] += int(counts.sum())
+                    elif name.startswith("hf_") and name != "hf_plain":
+                        blocks[name][i] += len(result.drafted)
+                        drafted[name][i] += sum(result.drafted)
+                        accepted[name][i] += sum(result.accepted)
+        made = max_new_tokens * repeats  # new tokens per prompt over the repeats
+
+        def rate(name):
+            return {f"{name}_tokens_per_s": made * prompts / sum(seconds[name]),
+                    f"{name}_tokens_per_s_ci95": _ci([seconds[name]], lambda s: made * len(s) / sum(s), seed)}
+
+        def calls(name, label):
+            return {f"{label}_acceptance": sum(accepted[name]) / sum(drafted[name]),
+                    f"{label}_acceptance_ci95": _ci([accepted[name], drafted[name]], lambda a, d: sum(a) / sum(d), seed),
+                    f"{label}_tokens_per_call": made * prompts / sum(blocks[name]),
+                    f"{label}_tokens_per_call_ci95": _ci([blocks[name]], lambda b: made * len(b) / sum(b), seed),
+                    f"{label}_drafts_per_call": sum(drafted[name]) / sum(blocks[name])}
+
+        def ratio(a, b):  # tokens/s of a over tokens/s of b, paired by prompt
+            return sum(seconds[b]) / sum(seconds[a]), _ci([seconds[a], seconds[b]], lambda x, y: sum(y) / sum(x), seed)
+
+        for schedule in schedules:
+            hf = f"hf_{schedule}"
+            over_hf, over_hf_ci = ratio("ours", hf)
+            speedup, speedup_ci = ratio("ours", "ours_plain")
+            hf_speedup, hf_speedup_ci = ratio(hf, "hf_plain")
+            row = {"temperature": temperature, "batch": 1, "policy": "fixed", "gamma": gamma, "hf_schedule": schedule,
+                   "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
+                   **rate("ours"), **rate("ours_plain"), **rate("ours_on_hf_models"), **rate("hf_plain")}
+            assisted = rate(hf)
+            row.update({"hf_assisted_tokens_per_s": assisted[f"{hf}_tokens_per_s"],
+                        "hf_assisted_tokens_per_s_ci95": assisted[f"{hf}_tokens_per_s_ci95"],
+                        "ours_over_hf_assisted": over_hf, "ours_over_hf_assisted_ci95": over_hf_ci,
+                        "ours_speedup": speedup, "ours_speedup_ci95": speedup_ci,
+                        "hf_assisted_speedup": hf_speedup, "hf_assisted_speedup_ci95": hf_speedup_ci,
+                        **calls("ours", "ours"), **calls("ours_on_hf_models", "ours_on_hf_models"), **calls(hf, "hf"),
+                        "seconds_per_prompt": {n: seconds[n] for n in ("ours", "ours_plain", "hf_plain", hf)}})
+            if temperature == 0:
+                row["greedy_outputs_equal"] = {n: greedy_equal[n] for n in ("ours", "ours_on_hf_models", "hf_plain", hf)}
+            out_rows.append(row)
+    bar.close()
+    sklearn = importlib.util.find_spec("sklearn") is not None
+    return {
+        "benchmark": "peer",
+        "what": "this engine vs transformers' assisted generation on the same exported models, batch 1, side by "
+                "side, every prompt decoded by every decoder in turn; whole calls timed (prefill included)",
+        "environment": {**environment(device), "transformers": transformers.__version__,
+                        "scikit_learn_installed": sklearn},
+        "pair_sha256": pair.sha256,
+        "prompts_sha256": _prompts_hash(pair.prompts[:prompts]),
+        "config": {"temperatures": temperatures, "gamma": gamma, "schedules": schedules, "prompts": prompts,
+                   "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
+                   "dtype": str(pair.target.dtype), "hf_default": "transformers' GenerationConfig defaults: "
+                   "num_assistant_tokens 20, schedule constant, assistant_confidence_threshold 0.4"
+                   + ("" if sklearn else " (not adapted: scikit-learn is not installed)")},
+        "results": out_rows,
+    }
+
+
+def format_peer_table(record: dict, markdown: bool = False) -> str:
+    """Return the race as a table: one line per (temperature, transformers schedule)."""
+    def interval(row, key, digits=0):
+        low, high = row[f"{key}_ci95"]
+        return f"{row[key]:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+
+    headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
+               "alpha ours", "alpha HF", "tok/call ours", "tok/call HF"]
+    rows = [[f"{r['temperature']:g}", r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
+             interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
+             interval(r, "ours_over_hf_assisted", 2), interval(r, "hf_plain_tokens_per_s"),
+             interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
+             interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)]
+            for r in record["results"]]
+    env = record["environment"]
+    notes = [PEER_LEGEND, f"ours: gamma {record['config']['gamma']}, token-wise; batch 1; "
+             f"{record['config']['prompts']} prompts x {record['config']['repeats']} repeats, "
+             f"{record['config']['max_new_tokens']} new tokens; transformers {env['transformers']}, "
+             f"torch {env['torch']}, {env['device']}, {env.get('accelerator') or env['cpu']}."]
     return _table(headers, rows, notes, markdown)

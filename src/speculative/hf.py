@@ -273,3 +273,83 @@ def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu"
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
         loaded += [model, AutoTokenizer.from_pretrained(name)]
     return pair(loaded[0], loaded[2], loaded[1], loaded[3], prompts=prompts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transformers' own generation, instrumented: the peer in the race (bench.bench_peer)
+
+#: Draft-length schedules of transformers' assisted generation that the race runs. "default" is what
+#: ``generate(assistant_model=...)`` does when nothing is set (at transformers 5.24: up to 20 drafts, a
+#: constant schedule, and drafting stops early once the draft's top probability falls below 0.4; that
+#: threshold adapts only when scikit-learn is installed). "fixed" drafts exactly gamma tokens, with the
+#: confidence stop off. "heuristic" starts at gamma, adds 2 after a fully accepted block and removes 1
+#: otherwise.
+HF_SCHEDULES = ("default", "fixed", "heuristic")
+
+
+def _sampling(temperature: float) -> dict:
+    if temperature == 0:
+        return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    return {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}  # the whole law
+
+
+def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, temperature: float, seed: int = 0) -> list[int]:
+    """Return the tokens ``model.generate`` (no assistant) emits after ``prompt``, sampled at ``temperature``
+    (0: greedy) with no top-k or top-p; the generator is seeded with ``seed``."""
+    ids = torch.tensor([list(prompt)], device=model.device)
+    torch.manual_seed(seed)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         min_new_tokens=max_new_tokens, **_sampling(temperature))
+    return out[0, ids.shape[1]:].tolist()
+
+
+@dataclass
+class AssistedRun:
+    """What one ``generate(assistant_model=...)`` call did: its tokens, and per target call (after the
+    first, which also reads the prompt) the drafts it verified and how many it accepted."""
+
+    tokens: list
+    drafted: list
+    accepted: list
+
+    def acceptance_rate(self) -> float:
+        return sum(self.accepted) / sum(self.drafted) if sum(self.drafted) else float("nan")
+
+    def tokens_per_call(self) -> float:
+        return len(self.tokens) / len(self.drafted)
+
+
+def assisted_generate(target, draft, prompt: Sequence[int], max_new_tokens: int, temperature: float,
+                      schedule: str = "default", gamma: int = 4, seed: int = 0) -> AssistedRun:
+    """Run transformers' assisted generation (``target.generate(assistant_model=draft)``) on ``prompt`` and
+    return its tokens with the drafts verified and accepted per target call, read from the candidate
+    generator's own update hook. ``schedule`` is one of :data:`HF_SCHEDULES`. At temperature > 0 it
+    runs transformers' speculative sampling (``_speculative_sampling``), at 0 its greedy matching."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import AssistedCandidateGenerator
+
+    if schedule not in HF_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(HF_SCHEDULES)}, got {schedule!r}")
+    settings = {"default": {},
+                "fixed": {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+                          "assistant_confidence_threshold": 0.0},
+                "heuristic": {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "heuristic_transient",
+                              "assistant_confidence_threshold": 0.0}}[schedule]
+    draft.generation_config = GenerationConfig(**settings)  # transformers' defaults, then the schedule's
+    drafted, accepted = [], []
+    original = AssistedCandidateGenerator.update_candidate_strategy
+
+    def record(self, input_ids, scores, num_matches):
+        drafted.append(scores.shape[1] - 1)  # the target's logits cover the drafts and one more
+        accepted.append(int(num_matches))
+        return original(self, input_ids, scores, num_matches)
+
+    ids = torch.tensor([list(prompt)], device=target.device)
+    torch.manual_seed(seed)
+    AssistedCandidateGenerator.update_candidate_strategy = record
+    try:
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **_sampling(temperature))
+    finally:
+        AssistedCandidateGenerator.update_candidate_strategy = original
+    return AssistedRun(tokens=out[0, ids.shape[1]:].tolist(), drafted=drafted, accepted=accepted)
