@@ -15,7 +15,9 @@ import torch
 from speculative import stats
 from speculative.decode import plain_decode, speculative_decode
 from speculative.evaluate import exact_two_byte_law
-from speculative.hf import export, load_pair as load_hf_pair, pair as hf_pair, wrap
+from speculative.hf import export, wrap
+from speculative.hf import load_pair as load_hf_pair
+from speculative.hf import pair as hf_pair
 from speculative.pair import load_pair
 from speculative.transforms import SamplingConfig
 
@@ -127,7 +129,8 @@ def test_tiny_models_decode_greedily_as_their_own_generate(family):
 def _two_token_test(target, draft, seed: int, rows: int = 3_000):
     prompt = [1, 2, 3, 4, 5]
     law = exact_two_byte_law(target, prompt, SamplingConfig()).flatten().tolist()  # full forwards, no cache
-    out = speculative_decode(target, draft, [prompt] * rows, 2, 1, SamplingConfig(), torch.Generator().manual_seed(seed))
+    out = speculative_decode(target, draft, [prompt] * rows, 2, 1, SamplingConfig(),
+                             torch.Generator().manual_seed(seed))
     vocab = target.config.vocab_size
     counts = Counter(a * vocab + b for a, b in out.tokens)
     return stats.goodness_of_fit([counts[i] for i in range(vocab * vocab)], law), law, out
@@ -211,3 +214,94 @@ def test_load_pair_reads_saved_checkpoints_offline(tmp_path):
     assert loaded.prompts == [tokenizer("x = 1", add_special_tokens=False)["input_ids"]]
     out = speculative_decode(loaded.target, loaded.draft, loaded.prompts, 12, 2, GREEDY)
     assert out.tokens == plain_decode(loaded.target, loaded.prompts, 12, GREEDY).tokens
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line: the race, and bench decode on a transformers pair
+
+
+def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
+    import json
+
+    from speculative.__main__ import main
+
+    out = tmp_path / "peer.json"
+    assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
+                 "--schedules", "default,fixed", "--no-progress", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["environment"]["transformers"] and record["config"]["schedules"] == ["default", "fixed"]
+    rows = record["results"]
+    assert sorted((r["temperature"], r["hf_schedule"]) for r in rows) == [(0.0, "default"), (0.0, "fixed"),
+                                                                        (1.0, "default"), (1.0, "fixed")]
+    for row in rows:
+        assert row["batch"] == 1 and row["policy"] == "fixed"
+        for key in ("ours_tokens_per_s", "hf_assisted_tokens_per_s", "hf_plain_tokens_per_s", "ours_acceptance",
+                    "hf_acceptance", "ours_tokens_per_call", "hf_tokens_per_call", "ours_over_hf_assisted"):
+            low, high = row[f"{key}_ci95"]
+            assert low <= row[key] + 1e-9 and row[key] <= high + 1e-9 and row[key] > 0, key
+        seconds = row["seconds_per_prompt"]
+        assert row["ours_over_hf_assisted"] == pytest.approx(sum(seconds[f"hf_{row['hf_schedule']}"])
+                                                             / sum(seconds["ours"]))
+    for row in rows:  # greedy: every decoder emitted the target's greedy tokens
+        if row["temperature"] == 0:
+            assert all(row["greedy_outputs_equal"].values()), row["greedy_outputs_equal"]
+    fixed = [r for r in rows if r["hf_schedule"] == "fixed"]
+    assert all(r["hf_drafts_per_call"] <= 4 for r in fixed)
+    greedy_fixed = [r for r in fixed if r["temperature"] == 0][0]  # same drafts, same greedy matching
+    assert greedy_fixed["hf_tokens_per_call"] == pytest.approx(greedy_fixed["ours_tokens_per_call"])
+    assert "HF assisted tok/s" in capsys.readouterr().out
+
+
+def test_bench_decode_runs_a_transformers_pair(tmp_path, capsys):
+    import json
+
+    from speculative.__main__ import main
+
+    tokenizer = byte_tokenizer()
+    for name, model in (("t", tiny("llama", 1, vocab=256, context=512)),
+                        ("d", tiny("llama", 2, vocab=256, layers=1, width=16, context=512))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--hf-target", str(tmp_path / "t"), "--hf-draft", str(tmp_path / "d"),
+                 "--gamma", "2", "--temperature", "0", "--batch", "1,2", "--prompts", "2", "--max-new-tokens", "6",
+                 "--repeats", "1", "--no-progress", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert {r["batch"] for r in record["results"]} == {1, 2}
+    assert record["config"]["dtype"] == "torch.float32" and str(tmp_path / "t") in record["pair_sha256"]
+    assert main(["bench", "decode", "--hf-target", str(tmp_path / "t"), "--no-progress"]) == 2
+    assert "pass both --hf-target and --hf-draft" in capsys.readouterr().err
+
+
+def test_bench_decode_runs_the_shipped_pair_in_bfloat16(tmp_path):
+    # the dtype path a GPU run takes (--device cuda --dtype bfloat16); on this CPU only its correctness is seen
+    import json
+
+    from speculative.__main__ import main
+
+    out = tmp_path / "bf16.json"
+    assert main(["bench", "decode", "--dtype", "bfloat16", "--gamma", "2", "--temperature", "0,1", "--batch", "1",
+                 "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--no-progress", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["config"]["dtype"] == "torch.bfloat16"
+    assert all(0 <= r["alpha"] <= 1 and r["tokens_per_target_forward"] >= 1 for r in record["results"])
+
+
+def test_the_gpu_sections_race_runs_on_tiny_checkpoints(tmp_path):
+    # chapter 08 calls race_public_pair on CUDA with a public pair; here the same code on CPU, offline
+    from speculative.hf import public_pair_names, race_public_pair
+
+    tokenizer = byte_tokenizer()
+    for name, model in (("t", tiny("gpt2", 1, vocab=256, context=512)),
+                        ("d", tiny("gpt2", 2, vocab=256, layers=1, width=16, context=512))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    out = race_public_pair(str(tmp_path / "t"), str(tmp_path / "d"), device="cpu", dtype=torch.float32,
+                           prompts=["def f(x):\n    return", "import os\n"], gammas=(2, 3), max_new_tokens=8)
+    assert {r["gamma"] for r in out["decode"]["results"]} == {2, 3}
+    peer = out["peer"]["results"]
+    assert {(r["temperature"], r["hf_schedule"]) for r in peer} == {(0.0, "default"), (0.0, "fixed"), (1.0, "default"),
+                                                                   (1.0, "fixed")}
+    assert all(r["gamma"] == 3 and "ours_on_hf_models_tokens_per_s" not in r for r in peer)
+    assert all(all(r["greedy_outputs_equal"].values()) for r in peer if r["temperature"] == 0)
+    assert set(public_pair_names()) == {"target", "draft"}

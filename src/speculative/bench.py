@@ -9,6 +9,7 @@ a number was measured on.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -21,8 +22,8 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from . import defaults
-from .model import GPT
 from .book import demo_settings  # noqa: F401  (importable from here, as it was before book.py)
+from .model import GPT
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample
 from .timing import Clock, environment, median_call_seconds, synchronize
 
@@ -631,6 +632,30 @@ PEER_LEGEND = (
     "accepted / drafted tokens; tok/call: new tokens per target call that emits tokens.")
 
 
+def _peer_rate(tally: dict, name: str) -> dict:
+    """Tokens per second of decoder ``name``, pooled over prompts, with its interval."""
+    seconds, made = tally["seconds"][name], tally["made"]
+    return {f"{name}_tokens_per_s": made * len(seconds) / sum(seconds),
+            f"{name}_tokens_per_s_ci95": _ci([seconds], lambda s: made * len(s) / sum(s), tally["seed"])}
+
+
+def _peer_calls(tally: dict, name: str, label: str) -> dict:
+    """Acceptance, tokens per target call and drafts per call of decoder ``name``, with intervals."""
+    accepted, drafted, blocks = (tally[k][name] for k in ("accepted", "drafted", "blocks"))
+    made, seed = tally["made"], tally["seed"]
+    return {f"{label}_acceptance": sum(accepted) / sum(drafted),
+            f"{label}_acceptance_ci95": _ci([accepted, drafted], lambda a, d: sum(a) / sum(d), seed),
+            f"{label}_tokens_per_call": made * len(blocks) / sum(blocks),
+            f"{label}_tokens_per_call_ci95": _ci([blocks], lambda b: made * len(b) / sum(b), seed),
+            f"{label}_drafts_per_call": sum(drafted) / sum(blocks)}
+
+
+def _peer_ratio(tally: dict, a: str, b: str) -> tuple:
+    """Tokens per second of ``a`` over those of ``b`` (the same tokens), paired by prompt, with its interval."""
+    x, y = tally["seconds"][a], tally["seconds"][b]
+    return sum(y) / sum(x), _ci([x, y], lambda u, v: sum(v) / sum(u), tally["seed"])
+
+
 def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                schedules: Iterable[str] = ("default", "fixed"), prompts: int = 32, max_new_tokens: int = 128,
                repeats: int = 2, seed: int = 0, progress: bool = True) -> dict:
@@ -646,13 +671,18 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     "fixed" drafts ``gamma``). Each call is timed whole (prefill included); the round repeats
     ``repeats`` times after a warm-up. At temperature 0 every decoder must emit the target's greedy
     tokens, and the record says whether they did. One row per (temperature, schedule).
+
+    ``pair`` may also be a wrapped transformers pair (:func:`hf.pair`, :func:`hf.load_pair`): then
+    ``ours`` runs this engine on the wrapped models, transformers runs the models themselves, and there
+    is no ``ours_on_hf_models``. transformers stops at an end-of-sequence token unless told otherwise;
+    every call here asks for exactly ``max_new_tokens`` (``min_new_tokens``), which masks that token on
+    transformers' side only, so greedy outputs can differ where a model would end its text.
     """
     import transformers
     from tqdm import tqdm
 
     from .decode import encode_prompts, plain_decode, speculative_decode
-    from .hf import HF_SCHEDULES, assisted_generate, export, plain_generate, wrap
-    from .stats import measured_acceptance_rate
+    from .hf import HF_SCHEDULES, export, plain_generate, wrap
     from .transforms import SamplingConfig
 
     temperatures, schedules = list(temperatures), list(schedules)
@@ -672,24 +702,29 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     for model in (pair.target, pair.draft):  # transformers' default schedule drafts up to 20 tokens
         check_room(model, rows, max_new_tokens, lookahead=max(gamma, 20) + 2)
     device = pair.target.device
-    hf_target, hf_draft = export(pair.target), export(pair.draft)
-    wrapped = (wrap(hf_target), wrap(hf_draft))
-    names = ["ours", "ours_plain", "ours_on_hf_models", "hf_plain", *[f"hf_{s}" for s in schedules]]
+    shipped = isinstance(pair.target, GPT)  # the library's models, or a wrapped transformers pair (hf.pair)
+    if shipped:
+        hf_target, hf_draft = export(pair.target), export(pair.draft)
+        wrapped = (wrap(hf_target), wrap(hf_draft))
+    else:  # ours already runs transformers' forwards: no third variant
+        hf_target, hf_draft = pair.target.model, pair.draft.model
+    ours_names = ["ours", "ours_plain", *(["ours_on_hf_models"] if shipped else [])]
+    names = [*ours_names, "hf_plain", *[f"hf_{s}" for s in schedules]]
 
     def decoders(config, run_seed):
         generator = lambda: torch.Generator(device=device).manual_seed(run_seed)  # noqa: E731
         t = config.temperature
         out = {"ours": lambda r, n: speculative_decode(pair.target, pair.draft, [r], n, gamma, config, generator()),
                "ours_plain": lambda r, n: plain_decode(pair.target, [r], n, config, generator()),
-               "ours_on_hf_models": lambda r, n: speculative_decode(*wrapped, [r], n, gamma, config, generator()),
                "hf_plain": lambda r, n: plain_generate(hf_target, r, n, t, run_seed)}
+        if shipped:
+            out["ours_on_hf_models"] = lambda r, n: speculative_decode(*wrapped, [r], n, gamma, config, generator())
         for s in schedules:
-            out[f"hf_{s}"] = (lambda s: lambda r, n: assisted_generate(hf_target, hf_draft, r, n, t, s, gamma,
-                                                                       run_seed))(s)
+            out[f"hf_{s}"] = functools.partial(_assisted, hf_target, hf_draft, t, s, gamma, run_seed)
         return out
 
     def tokens_of(result):
-        return result if isinstance(result, list) else getattr(result, "tokens")
+        return result if isinstance(result, list) else result.tokens
 
     total = len(temperatures) * repeats * prompts * len(names)
     bar = tqdm(total=total, desc="peer race", disable=not progress, file=sys.stderr)
@@ -730,39 +765,29 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                         drafted[name][i] += sum(result.drafted)
                         accepted[name][i] += sum(result.accepted)
         made = max_new_tokens * repeats  # new tokens per prompt over the repeats
-
-        def rate(name):
-            return {f"{name}_tokens_per_s": made * prompts / sum(seconds[name]),
-                    f"{name}_tokens_per_s_ci95": _ci([seconds[name]], lambda s: made * len(s) / sum(s), seed)}
-
-        def calls(name, label):
-            return {f"{label}_acceptance": sum(accepted[name]) / sum(drafted[name]),
-                    f"{label}_acceptance_ci95": _ci([accepted[name], drafted[name]], lambda a, d: sum(a) / sum(d), seed),
-                    f"{label}_tokens_per_call": made * prompts / sum(blocks[name]),
-                    f"{label}_tokens_per_call_ci95": _ci([blocks[name]], lambda b: made * len(b) / sum(b), seed),
-                    f"{label}_drafts_per_call": sum(drafted[name]) / sum(blocks[name])}
-
-        def ratio(a, b):  # tokens/s of a over tokens/s of b, paired by prompt
-            return sum(seconds[b]) / sum(seconds[a]), _ci([seconds[a], seconds[b]], lambda x, y: sum(y) / sum(x), seed)
-
+        tally = {"seconds": seconds, "blocks": blocks, "drafted": drafted, "accepted": accepted, "made": made,
+                 "seed": seed}
         for schedule in schedules:
             hf = f"hf_{schedule}"
-            over_hf, over_hf_ci = ratio("ours", hf)
-            speedup, speedup_ci = ratio("ours", "ours_plain")
-            hf_speedup, hf_speedup_ci = ratio(hf, "hf_plain")
+            over_hf, over_hf_ci = _peer_ratio(tally, "ours", hf)
+            speedup, speedup_ci = _peer_ratio(tally, "ours", "ours_plain")
+            hf_speedup, hf_speedup_ci = _peer_ratio(tally, hf, "hf_plain")
             row = {"temperature": temperature, "batch": 1, "policy": "fixed", "gamma": gamma, "hf_schedule": schedule,
                    "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
-                   **rate("ours"), **rate("ours_plain"), **rate("ours_on_hf_models"), **rate("hf_plain")}
-            assisted = rate(hf)
+                   **{k: v for name in (*ours_names, "hf_plain")
+                      for k, v in _peer_rate(tally, name).items()}}
+            assisted = _peer_rate(tally, hf)
             row.update({"hf_assisted_tokens_per_s": assisted[f"{hf}_tokens_per_s"],
                         "hf_assisted_tokens_per_s_ci95": assisted[f"{hf}_tokens_per_s_ci95"],
                         "ours_over_hf_assisted": over_hf, "ours_over_hf_assisted_ci95": over_hf_ci,
                         "ours_speedup": speedup, "ours_speedup_ci95": speedup_ci,
                         "hf_assisted_speedup": hf_speedup, "hf_assisted_speedup_ci95": hf_speedup_ci,
-                        **calls("ours", "ours"), **calls("ours_on_hf_models", "ours_on_hf_models"), **calls(hf, "hf"),
+                        **_peer_calls(tally, "ours", "ours"), **_peer_calls(tally, hf, "hf"),
+                        **(_peer_calls(tally, "ours_on_hf_models", "ours_on_hf_models") if shipped else {}),
                         "seconds_per_prompt": {n: seconds[n] for n in ("ours", "ours_plain", "hf_plain", hf)}})
             if temperature == 0:
-                row["greedy_outputs_equal"] = {n: greedy_equal[n] for n in ("ours", "ours_on_hf_models", "hf_plain", hf)}
+                row["greedy_outputs_equal"] = {n: greedy_equal[n]
+                                               for n in (*ours_names, "hf_plain", hf) if n != "ours_plain"}
             out_rows.append(row)
     bar.close()
     sklearn = importlib.util.find_spec("sklearn") is not None
@@ -781,6 +806,12 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                    + ("" if sklearn else " (not adapted: scikit-learn is not installed)")},
         "results": out_rows,
     }
+
+
+def _assisted(target, draft, temperature, schedule, gamma, seed, prompt, n):
+    from .hf import assisted_generate
+
+    return assisted_generate(target, draft, prompt, n, temperature, schedule, gamma, seed)
 
 
 def format_peer_table(record: dict, markdown: bool = False) -> str:

@@ -1,7 +1,7 @@
-"""The shipped models as Hugging Face transformers models.
+"""Hugging Face transformers: the shipped models exported, any causal LM in the engine, transformers' generation.
 
-Explained in: no chapter yet (issue 13 will race it against transformers' assisted generation in
-notebooks/08_decoding_demo).
+Explained in: notebooks/08_decoding_demo (the race with transformers' assisted generation, and the GPU
+section for public pairs).
 
 The book's GPT is GPT-2 in all but name: pre-norm LayerNorm (eps 1e-5), exact-erf GELU MLP of width 4d,
 learned positions, tied embeddings, biased linears, no head bias. :func:`export` copies its weights into a
@@ -9,13 +9,16 @@ learned positions, tied embeddings, biased linears, no head bias. :func:`export`
 holds them to 1e-4 in float32). GPT-2 stores its linear layers as ``Conv1D`` with the weight transposed
 (in, out), which is the one transformation needed.
 
-Status (issue 13): only the export exists so far. Wrapping any transformers causal LM for the engine
-(``wrap``), the race against assisted generation and the GPU path are not built yet.
+:func:`wrap` puts any transformers causal LM (GPT-2, Llama, Qwen2, ...) behind the interface the engine
+calls, with transformers' own KV cache rolled back by cropping; :func:`pair` aligns a target and a draft
+(same tokenizer, padded vocabularies cut to it). :func:`assisted_generate` and :func:`plain_generate`
+run transformers' own generation, instrumented, for the race in :func:`bench.bench_peer`.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -23,7 +26,9 @@ import torch
 
 from .model import GPT
 
-__all__ = ["export", "gpt2_config", "wrap", "pair", "load_pair", "same_tokenizer", "HFModel", "HFPair", "HFCache"]
+__all__ = ["export", "gpt2_config", "wrap", "pair", "load_pair", "same_tokenizer", "HFModel", "HFPair", "HFCache",
+           "HF_SCHEDULES", "plain_generate", "assisted_generate", "AssistedRun", "PUBLIC_PAIR", "public_pair_names",
+           "race_public_pair"]
 
 
 def gpt2_config(model: GPT):
@@ -114,13 +119,16 @@ class HFModel:
         produced = model.get_output_embeddings().weight.shape[0]  # logits per position, padding included
         vocab_size = produced if vocab_size is None else vocab_size
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= produced:
-            raise ValueError(f"vocab_size must be an integer in [1, {produced}] (the model's logits), got {vocab_size!r}")
+            raise ValueError(f"vocab_size must be an integer in [1, {produced}] (the model's logits), "
+                             f"got {vocab_size!r}")
         context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if not context:
             raise ValueError(f"{type(model).__name__}'s config names no context length "
                              "(max_position_embeddings or n_positions)")
         self.model = model.eval()
         self.tokenizer = tokenizer
+        # transformers 5 names the cache argument ``cache``; 4.x named it ``past_key_values``
+        self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.config = HFShape(vocab_size=vocab_size, context=int(context),
                               name=name or getattr(config, "_name_or_path", "") or type(model).__name__)
 
@@ -144,7 +152,11 @@ class HFModel:
         length = self.config.context if length is None else length
         if not 1 <= length <= self.config.context:
             raise ValueError(f"cache length must be in [1, {self.config.context}], got {length}")
-        return HFCache([DynamicCache(config=self.model.config) for _ in range(batch)], length)
+        try:
+            rows = [DynamicCache(config=self.model.config) for _ in range(batch)]
+        except TypeError:  # older transformers: a DynamicCache takes no config
+            rows = [DynamicCache() for _ in range(batch)]
+        return HFCache(rows, length)
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, start=None, cache: Optional[HFCache] = None, *,
@@ -179,7 +191,8 @@ class HFModel:
                                  f"{held} positions (room for {cache.context})")
             if begin < held:
                 past.crop(begin - held)  # drop the stale tail: rejected drafts, padding
-            out.append(self.model(tokens[row:row + 1], cache=past, use_cache=True).logits[..., :vocab])
+            step = self.model(tokens[row:row + 1], use_cache=True, **{self._cache_argument: past})
+            out.append(step.logits[..., :vocab])
         return torch.cat(out, 0)
 
 
@@ -189,11 +202,11 @@ def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = ""
     :func:`bench.bench_decode` call.
 
     ``vocab_size`` keeps only the first that many logits (default: all the model produces). Checkpoints
-    pad their embedding tables past the tokenizer (Qwen2.5 0.5B to 151,936 rows, 7B to 152,064, for a
-    tokenizer of 151,665): :func:`pair` cuts both to the tokenizer, so that both models decode over the
-    same tokens. The padding rows are never produced by the tokenizer; the law decoded is the model's
-    renormalised over real tokens. Batches of any size are correct (each row keeps its own cache and
-    positions; see :class:`HFCache`) but run row by row.
+    pad their embedding tables past the tokenizer, and one family's sizes pad differently (Qwen2.5's
+    share a tokenizer but have 151,936 or 152,064 rows; vLLM pull request 13849): :func:`pair` cuts both
+    to the tokenizer, so that both models decode over the same tokens. The tokenizer never produces the
+    padding ids; the law decoded is the model's renormalised over real tokens. Batches of any size are
+    correct (each row keeps its own cache and positions; see :class:`HFCache`) but run row by row.
     """
     if isinstance(model, GPT):
         raise TypeError("wrap takes a transformers model; the library's GPT runs in the engine as it is "
@@ -353,3 +366,36 @@ def assisted_generate(target, draft, prompt: Sequence[int], max_new_tokens: int,
     finally:
         AssistedCandidateGenerator.update_candidate_strategy = original
     return AssistedRun(tokens=out[0, ids.shape[1]:].tolist(), drafted=drafted, accepted=accepted)
+
+
+#: The public pair chapter 08 races on a GPU (sized for a free Colab GPU); the environment variables
+#: SPECULATIVE_HF_TARGET and SPECULATIVE_HF_DRAFT name others (hub names or local folders).
+PUBLIC_PAIR = {"target": "Qwen/Qwen2.5-1.5B-Instruct", "draft": "Qwen/Qwen2.5-0.5B-Instruct"}
+
+
+def public_pair_names() -> dict:
+    """Return the target and draft that chapter 08's GPU section loads (:data:`PUBLIC_PAIR`, or the
+    environment's SPECULATIVE_HF_TARGET / SPECULATIVE_HF_DRAFT)."""
+    import os
+
+    return {"target": os.environ.get("SPECULATIVE_HF_TARGET", PUBLIC_PAIR["target"]),
+            "draft": os.environ.get("SPECULATIVE_HF_DRAFT", PUBLIC_PAIR["draft"])}
+
+
+def race_public_pair(target: str, draft: str, device: str = "cuda", dtype=torch.bfloat16,
+                     prompts: Sequence[str] = (), gammas: Sequence[int] = (2, 4, 6), max_new_tokens: int = 128,
+                     repeats: int = 1, progress: bool = False) -> dict:
+    """Load ``target`` and ``draft`` with :func:`load_pair` and return two records measured on them:
+    ``decode`` (:func:`bench.bench_decode`: plain vs this engine at each gamma, T = 0 and 1, batch 1) and
+    ``peer`` (:func:`bench.bench_peer`: this engine at the middle gamma vs transformers' assisted
+    generation, default and fixed schedules). What chapter 08 runs for GPU readers; tested offline on
+    tiny checkpoints."""
+    from .bench import bench_decode, bench_peer
+
+    loaded = load_pair(target, draft, prompts, device=device, dtype=dtype)
+    count = len(loaded.prompts)
+    decode = bench_decode(loaded, gammas=list(gammas), temperatures=[0.0, 1.0], batches=[1],
+                          max_new_tokens=max_new_tokens, repeats=repeats, prompts=count, progress=progress)
+    peer = bench_peer(loaded, gamma=sorted(gammas)[len(gammas) // 2], prompts=count, max_new_tokens=max_new_tokens,
+                      repeats=repeats, progress=progress)
+    return {"decode": decode, "peer": peer}
