@@ -17,6 +17,7 @@ run transformers' own generation, instrumented, for the race in :func:`bench.ben
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -300,6 +301,20 @@ def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu"
 HF_SCHEDULES = ("default", "fixed", "heuristic")
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Silence transformers' logged notices while it generates (its assisted generation logs a deprecation
+    notice about its own internal call, which a reader can do nothing about); errors still show."""
+    from transformers.utils import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
 def _sampling(temperature: float) -> dict:
     if temperature == 0:
         return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
@@ -311,8 +326,9 @@ def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, temperatur
     (0: greedy) with no top-k or top-p; the generator is seeded with ``seed``."""
     ids = torch.tensor([list(prompt)], device=model.device)
     torch.manual_seed(seed)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         min_new_tokens=max_new_tokens, **_sampling(temperature))
+    with _quiet():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, **_sampling(temperature))
     return out[0, ids.shape[1]:].tolist()
 
 
@@ -361,8 +377,10 @@ def assisted_generate(target, draft, prompt: Sequence[int], max_new_tokens: int,
     torch.manual_seed(seed)
     AssistedCandidateGenerator.update_candidate_strategy = record
     try:
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **_sampling(temperature))
+        with _quiet():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  **_sampling(temperature))
     finally:
         AssistedCandidateGenerator.update_candidate_strategy = original
     return AssistedRun(tokens=out[0, ids.shape[1]:].tolist(), drafted=drafted, accepted=accepted)
