@@ -186,3 +186,26 @@ def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
     assert not result.rejects(), result
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.15
     assert roots_rejected > 50 and chains_used > 50  # both paths of the root were exercised
+
+
+@pytest.mark.parametrize("name", ["heuristic", "confidence", "auto"])
+def test_draft_length_policies_follow_the_exact_law(pair, name):
+    # lengths chosen per row from each row's past (speculative.policy): rows of one batch draft up to the
+    # longest, and a shorter row's verification is cut at its own length, with its last token from p there
+    from speculative.policy import make_policy
+
+    prompt, length, rows = pair.prompts[1], 8, 3_000
+    law = _law(pair, prompt, TOP2, length)
+    policy = make_policy(name, gamma=3, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}}, max_gamma=6)
+    outputs = []
+
+    def decode(prompts, n, generator):
+        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator))
+        return outputs[-1]
+
+    (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
+    result, probs = _fit(counts, law)
+    assert not result.rejects(), result
+    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
+    # the cut path ran: in some block, rows of one batch had different lengths
+    assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)

@@ -77,6 +77,8 @@ class DecodeResult:
     target_seconds: float = float("nan")
     draft_seconds: float = float("nan")
     timed_calls: dict = field(default_factory=dict)  # forward calls those seconds cover, per model name
+    # with a draft-length policy: per block, (B,) drafts each row verified (its own length), -1 if inactive
+    lengths: list[torch.Tensor] = field(default_factory=list)
 
     def text(self, row: int = 0) -> str:
         return bytes(self.tokens[row]).decode("utf-8", errors="replace")
@@ -86,7 +88,7 @@ class DecodeResult:
         (see :func:`stats.measured_acceptance_rate`)."""
         from .stats import measured_acceptance_rate
 
-        return measured_acceptance_rate(self.accepted, self.gamma)
+        return measured_acceptance_rate(self.accepted, self.lengths if self.lengths else self.gamma)
 
     def tokens_per_block(self) -> float:
         """Return emitted tokens per target call per active row (accepted + 1, averaged)."""
@@ -223,7 +225,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
 
 
 @torch.no_grad()
-def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma: int,
+def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma,
                        config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
                        sampler: Optional[Callable] = None, clock: Optional[Clock] = None,
                        rule: str = "token") -> DecodeResult:
@@ -237,28 +239,45 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     one of ``rule`` and ``sampler``. ``clock`` (a
     :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the seconds inside
     each model's calls; without one nothing is timed.
+
+    ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that
+    chooses each row's length before each block from that row's past, and may stop drafting after a
+    token the draft was unsure of. Rows of one batch draft in step up to the longest length any of them
+    needs (the others' extra drafts are padding, computed but never verified); a row whose own length k
+    is shorter than the block's has its verification cut at k: its first k drafts are tested as usual
+    and, if all pass, its next token is drawn fresh from the target at position k + 1, exactly as a block
+    of k drafts would end. A policy reads each row's outcome back to the host once per block, and a
+    policy that stops on confidence once per draft step (to stop drafting when every row has stopped).
+    Policies need the token-wise rule (block verification's law depends on the block's length).
     """
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+    from .policy import DraftPolicy
+
+    policy = gamma if isinstance(gamma, DraftPolicy) else None
+    if policy is None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
+        raise ValueError(f"gamma must be an integer >= 1 or a draft-length policy, got {gamma!r}")
+    if policy is not None and rule != "token":
+        raise ValueError("a draft-length policy needs the token-wise rule: block verification's law depends on "
+                         "the block's length")
     if sampler is None:
         sampler = rule_sampler(rule)
     elif rule != "token":
         raise ValueError(f"pass either rule={rule!r} or a sampler, not both")
+    longest_block = gamma if policy is None else policy.max_gamma
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
                          f"draft has {draft.config.vocab_size}")
     if target.device != draft.device:
         raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
     rows = encode_prompts(prompts, target.config.vocab_size)
-    check_room(target, rows, max_new_tokens, lookahead=gamma + 2)
-    check_room(draft, rows, max_new_tokens, lookahead=gamma + 2)
+    check_room(target, rows, max_new_tokens, lookahead=longest_block + 2)
+    check_room(draft, rows, max_new_tokens, lookahead=longest_block + 2)
     device = target.device
     generator = _generator(generator, device)
     clock = clock or NO_CLOCK
     batch = len(rows)
     clock.start()
     longest = max(len(r) for r in rows)
-    capacity = longest + max_new_tokens + gamma + 2  # <= both contexts (checked above)
+    capacity = longest + max_new_tokens + longest_block + 2  # <= both contexts (checked above)
     target_cache = prefill(target, rows, length=capacity)
     draft_cache = prefill(draft, rows, length=capacity)
     clock.mark("prefill")
@@ -273,9 +292,12 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     prompt_lengths = lengths.clone()
     draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
     problem = torch.zeros((), dtype=torch.bool, device=device)  # any NaN / inf logits so far
-    accepted_log = []
-    offsets = torch.arange(gamma + 1, device=device)
+    accepted_log, lengths_log = [], []
     bound = longest  # on the host: no row's length n exceeds it (a block adds at most gamma + 1)
+    if policy is not None:  # one state per row of the batch, on the host; rows decoding now: origin_host
+        states = [policy.start() for _ in range(batch)]
+        origin_host = list(range(batch))
+        confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
     while True:
         active = lengths - prompt_lengths < max_new_tokens
         finished, bad = torch.stack([(~active).sum(), problem.long()]).tolist()  # the block's one host read
@@ -290,7 +312,18 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
             target_cache, draft_cache = target_cache.select(keep), draft_cache.select(keep)
             origin, lengths, prompt_lengths, draft_behind, active = (
                 t[keep] for t in (origin, lengths, prompt_lengths, draft_behind, active))
-        span = min(bound + gamma + 1, capacity)  # every position this block writes lies below it
+            if policy is not None:
+                origin_host = origin.tolist()
+        if policy is None:
+            block_gamma = gamma
+        else:  # each row's length from its own past; the batch drafts up to the longest
+            planned = [policy.length(states[o]) for o in origin_host]
+            if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in planned):
+                raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(planned))}; "
+                                 f"each must be an integer in [1, {longest_block}]")
+            block_gamma = max(planned)
+            row_gamma = torch.tensor(planned, device=device)
+        span = min(bound + block_gamma + 1, capacity)  # every position this block writes lies below it
         rows_index = torch.arange(len(origin), device=device)
         at = torch.where(active, lengths, prompt_lengths)
         behind = torch.where(active, draft_behind, 1)
@@ -302,16 +335,25 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         problem |= logits_problem(draft_logits)
         draft_forwards += 1
         drafts, draft_probs = [], []
-        for i in range(gamma):
+        for i in range(block_gamma):
             probs = logits_to_probs(draft_logits, config, check=False)
             token = _sample(probs, generator)
             drafts.append(token)
             draft_probs.append(probs)
-            if i + 1 < gamma:
+            if policy is not None and confident:  # stop right after a token the draft was unsure of
+                # its probability under q; when decoding greedily q is one-hot, so (as transformers does)
+                # under the draft's softmax at temperature 1
+                sure = probs if config.temperature > 0 else torch.softmax(draft_logits.float(), -1)
+                stop = policy.stop_after(sure.gather(1, token.unsqueeze(1)).squeeze(1))
+                row_gamma = torch.where(stop & (row_gamma > i + 1), i + 1, row_gamma)
+                if i + 1 < block_gamma and not bool((row_gamma > i + 1).any()):  # every row has stopped
+                    break
+            if i + 1 < block_gamma:
                 draft_logits = draft_call(token.unsqueeze(1), at + i, draft_cache, span=span, check=False)[:, -1]
                 problem |= logits_problem(draft_logits)
                 draft_forwards += 1
         drafts = torch.stack(drafts, 1)  # (B, gamma)
+        block_gamma = drafts.shape[1]  # fewer than planned when every row stopped early
         # 2. one target forward over the last token and the gamma drafts
         last = sequence[origin, at - 1].unsqueeze(1)
         target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache, span=span,
@@ -320,26 +362,43 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         target_forwards += 1
         # 3. accept a prefix and add the correction or bonus token; the inputs were made here, so the
         # sampler's value checks (each a host read) are off
-        out = sampler(drafts, torch.stack(draft_probs, 1), logits_to_probs(target_logits, config, check=False),
-                      generator, check_values=False)
-        block = torch.where(active, out.num_accepted, -1)  # -1: the row was not decoding in this block
+        target_probs = logits_to_probs(target_logits, config, check=False)
+        out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False)
+        num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)
+        if policy is not None:  # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
+            cut = (num_accepted >= row_gamma) & (row_gamma < block_gamma)
+            fresh = _sample(target_probs[torch.arange(len(origin), device=device), row_gamma.clamp(max=block_gamma)],
+                            generator)
+            num_accepted = torch.where(cut, row_gamma, num_accepted)
+            positions = torch.arange(block_gamma + 1, device=device).unsqueeze(0)
+            emitted = torch.where(cut.unsqueeze(1) & (positions > row_gamma.unsqueeze(1)), -1, emitted)
+            emitted = torch.where(cut.unsqueeze(1) & (positions == row_gamma.unsqueeze(1)), fresh.unsqueeze(1), emitted)
+            outcome = torch.stack([active.long(), num_accepted, (num_accepted == row_gamma).long()]).tolist()
+            for o, was_active, accepted, full in zip(origin_host, *outcome):
+                if was_active:
+                    states[o] = policy.update(states[o], accepted, bool(full))
+        block = torch.where(active, num_accepted, -1)  # -1: the row was not decoding in this block
+        sizes = torch.where(active, row_gamma if policy is not None else block_gamma, -1)
         if len(origin) < batch:  # rows were dropped: put each count back at its row of the batch
             block = torch.full((batch,), -1, dtype=torch.long, device=device).index_copy_(0, origin, block)
+            sizes = torch.full((batch,), -1, dtype=torch.long, device=device).index_copy_(0, origin, sizes)
         accepted_log.append(block)
+        lengths_log.append(sizes)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
-        emitted = out.tokens.to(device)
         write = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
+        offsets = torch.arange(block_gamma + 1, device=device)
         columns = torch.where(write, at.unsqueeze(1) + offsets, scratch)
         sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
-        lengths = lengths + torch.where(active, out.num_emitted.to(device), 0)
-        draft_behind = torch.where(out.num_accepted.to(device) == gamma, 2, 1)
-        bound = min(bound + gamma + 1, capacity)
+        lengths = lengths + torch.where(active, out.num_emitted.to(device) if policy is None else num_accepted + 1, 0)
+        draft_behind = torch.where(num_accepted == block_gamma, 2, 1)
+        bound = min(bound + block_gamma + 1, capacity)
     full = sequence.tolist()
     accepted = list(torch.stack(accepted_log).cpu().unbind(0))
     tokens = [full[b][len(row):len(row) + max_new_tokens] for b, row in enumerate(rows)]
     clock.mark("end")
     return _timed(DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
-                               accepted=accepted, gamma=gamma), clock)
+                               accepted=accepted, gamma=longest_block,
+                               lengths=list(torch.stack(lengths_log).cpu().unbind(0)) if policy else []), clock)
 
 
 @torch.no_grad()

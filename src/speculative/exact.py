@@ -1,7 +1,8 @@
 """Exact enumeration of speculative sampling with ``fractions.Fraction``: no model, no seed, no sampling.
 
-Explained in: notebooks/03_three_tokens (one step, blocks), notebooks/01_lossless (the claim) and
-notebooks/10_beyond_one_draft (block verification, several drafts, trees).
+Explained in: notebooks/03_three_tokens (one step, blocks), notebooks/01_lossless (the claim),
+notebooks/07_cost_model (draft lengths chosen on the fly) and notebooks/10_beyond_one_draft (block
+verification, several drafts, trees).
 
 A *toy autoregressive model* is any callable that maps a context (a tuple of token ids) to a distribution
 over the vocabulary, given as a sequence of Fractions. :class:`RandomTableModel` makes reproducible ones.
@@ -38,6 +39,8 @@ __all__ = [
     "sun_example_table",
     "multi_draft_table",
     "LOSSLESS_SCHEMES",
+    "adaptive_block_law",
+    "adaptive_sequence_law",
 ]
 
 ToyModel = Callable[[tuple], Sequence[Fraction]]
@@ -417,3 +420,83 @@ def multi_draft_table(p: Sequence = (Fraction(1, 2), Fraction(3, 10), Fraction(1
                      "lossless": scheme in LOSSLESS_SCHEMES, "acceptance": [s["acceptance"] for s in steps],
                      "tv": [total_variation(s["output"], list(p)) for s in steps]})
     return rows
+
+
+def adaptive_block_law(target: ToyModel, draft: ToyModel, context: tuple, policy, state=None) -> dict[tuple, Fraction]:
+    """Return the exact law of one token-wise block whose length a draft-length ``policy`` chooses
+    (``policy.DraftPolicy``), as a map ``(emitted tokens, the policy's next state) -> probability``.
+
+    The block drafts ``policy.length(state)`` tokens, stopping early right after a token ``x`` when
+    ``policy.stop_after(q(x))``; it verifies them token-wise and ends with the residual at the first
+    rejection or the bonus token from p. As in :func:`speculative_block_law`, drafts past the first
+    rejection are summed out (drafting them lazily gives the same law), which holds because nothing the
+    policy decides for them reaches the emitted tokens or its next state: ``update`` sees only the count
+    accepted and whether the block was fully accepted. ``state`` defaults to ``policy.start()``.
+
+    A policy with a ``verifies(p_x, q_x)`` method peeks at the target: a drafted x for which it returns
+    False is not verified, and the block ends there with a token from p (``pitfalls`` entry
+    "peek_target_length"; it breaks the law). Lawful policies have no such method.
+    """
+    context = tuple(context)
+    state = policy.start() if state is None else state
+    gamma = policy.length(state)
+    _check_gamma(gamma)
+    peek = getattr(policy, "verifies", None)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+
+    def finish(tokens: tuple, prob: Fraction, accepted: int, full: bool) -> None:
+        law[(tokens, policy.update(state, accepted, full))] += prob
+
+    def extend(prefix: tuple, prob: Fraction, stopped: bool) -> None:
+        here = context + prefix
+        target_probs = validate_distribution(target(here), f"target{here}")
+        if len(prefix) == gamma or stopped:  # drafting is over and every draft was accepted: the bonus token
+            for token, p in enumerate(target_probs):
+                if p:
+                    finish(prefix + (token,), prob * p, len(prefix), True)
+            return
+        target_probs, draft_probs = validate_pair(target_probs, draft(here))
+        r = normalized_residual(target_probs, draft_probs)
+        for token, q in enumerate(draft_probs):
+            if q == 0:
+                continue
+            if peek is not None and not peek(target_probs[token], q):  # not verified: the block ends, from p
+                for y, p in enumerate(target_probs):
+                    if p:
+                        finish(prefix + (y,), prob * q * p, len(prefix), True)
+                continue
+            accept = min(1, target_probs[token] / q)
+            if accept > 0:
+                extend(prefix + (token,), prob * q * accept, bool(policy.stop_after(q)))
+            if accept < 1:
+                for y, r_y in enumerate(r):
+                    if r_y:
+                        finish(prefix + (y,), prob * q * (1 - accept) * r_y, len(prefix), False)
+
+    extend((), Fraction(1), False)
+    return dict(law)
+
+
+def adaptive_sequence_law(target: ToyModel, draft: ToyModel, context: tuple, n_tokens: int,
+                          policy) -> dict[tuple, Fraction]:
+    """Return the exact law of the first ``n_tokens`` tokens emitted by repeated blocks whose lengths
+    ``policy`` chooses, its state carried from block to block (:func:`adaptive_block_law`). The policy
+    keeps the target's law exactly when this equals :func:`target_sequence_law`."""
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    context = tuple(context)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+    blocks: dict[tuple, dict] = {}
+
+    def run(emitted: tuple, prob: Fraction, state) -> None:
+        if len(emitted) >= n_tokens:
+            law[emitted[:n_tokens]] += prob
+            return
+        key = (emitted, state)
+        if key not in blocks:
+            blocks[key] = adaptive_block_law(target, draft, context + emitted, policy, state)
+        for (tokens, next_state), block_prob in blocks[key].items():
+            run(emitted + tokens, prob * block_prob, next_state)
+
+    run((), Fraction(1), policy.start())
+    return dict(law)

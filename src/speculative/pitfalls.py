@@ -39,6 +39,7 @@ SEED_Q = (Fraction(1, 5), Fraction(1, 2), Fraction(3, 10))
 PRUNE_THRESHOLD = Fraction(1, 4)  # prune a drafted token when q(x) is below this
 TYPICAL_EPSILON = Fraction(1, 4)  # "typical acceptance": keep a draft when p(x) is at least this
 LENIENCE = 2  # "lenient" acceptance: min(1, LENIENCE * p / q)
+PEEK_THRESHOLD = Fraction(1, 4)  # a draft-length rule that verifies a draft only when p(x) is at least this
 
 
 def extend(probs: Sequence) -> list[Fraction]:
@@ -262,6 +263,55 @@ def exact_lenient_acceptance(p, q, lenience=LENIENCE):
     return out
 
 
+def exact_peek_target_length(p, q, threshold=PEEK_THRESHOLD):
+    p, q = validate_pair(p, q)
+    out = [Fraction(0)] * (len(p) + 1)
+    r = normalized_residual(p, q)
+    for x, q_x in enumerate(q):
+        if q_x == 0:
+            continue
+        if p[x] < threshold:  # MISTAKE: the target's p(x) decides whether x is verified at all;
+            for y, p_y in enumerate(p):  # the block is cut before x, and its last token comes from p
+                out[y] += q_x * p_y
+            continue
+        accept = min(1, p[x] / q_x)
+        out[x] += q_x * accept
+        for y, r_y in enumerate(r):
+            out[y] += q_x * (1 - accept) * r_y
+    return out
+
+
+class PeekAtTargetLength:
+    """A draft-length rule that peeks (entry "peek_target_length"): up to ``gamma`` drafts, but the block
+    is cut before the first draft whose target probability is below ``threshold``, which is not verified;
+    the block then ends with a token from p. Its ``verifies`` method is what
+    :func:`exact.adaptive_block_law` calls: the exact law of whole sequences under this rule."""
+
+    name = "peek"
+
+    def __init__(self, gamma: int = 2, threshold=PEEK_THRESHOLD):
+        self.gamma = self.max_gamma = gamma
+        self.threshold = threshold
+
+    def start(self):
+        return None
+
+    def length(self, state) -> int:
+        return self.gamma
+
+    def stop_after(self, q):
+        return False
+
+    def update(self, state, accepted, full):
+        return state
+
+    def verifies(self, p_x, q_x) -> bool:
+        return p_x >= self.threshold  # MISTAKE: the target decides which drafts get verified
+
+    def describe(self) -> str:
+        return f"peek at p (threshold {self.threshold}, {self.gamma} drafts)"
+
+
 # --------------------------------------------------------------------------- samplers (torch)
 
 
@@ -395,6 +445,15 @@ def sample_typical_acceptance(p, q, n, generator, epsilon=float(TYPICAL_EPSILON)
     return torch.where(keep, x, y)
 
 
+def sample_peek_target_length(p, q, n, generator, threshold=float(PEEK_THRESHOLD)):
+    x = torch.multinomial(q, n, replacement=True, generator=generator)
+    u = torch.rand(n, generator=generator, dtype=p.dtype)
+    keep = u * q[x] < p[x]
+    y = _categorical(_residual_or_target(p, q), torch.rand(n, generator=generator, dtype=p.dtype))
+    fresh = _categorical(p, torch.rand(n, generator=generator, dtype=p.dtype))
+    return torch.where(p[x] < threshold, fresh, torch.where(keep, x, y))  # MISTAKE: unverified when p(x) is low
+
+
 def sample_lenient_acceptance(p, q, n, generator, lenience=LENIENCE):
     x = torch.multinomial(q, n, replacement=True, generator=generator)
     u = torch.rand(n, generator=generator, dtype=p.dtype)
@@ -497,6 +556,12 @@ PITFALLS: list[Pitfall] = [
             "The ratio is inflated to min(1, 2 p(x) / q(x)) to accept more drafts.",
             "'lenient' verification schemes that trade exactness for acceptance",
             exact_lenient_acceptance, sample_lenient_acceptance),
+    Pitfall("peek_target_length", "A draft length chosen by peeking at the target",
+            "A rule for the draft length looks at the target's p(x) of each draft before verifying: a draft with "
+            "p(x) < 1/4 is not verified, the block is cut there and ends with a token from p.",
+            "no shipped instance verified; the lawful schedules, such as transformers' heuristic and its "
+            "confidence threshold, look only at the draft and at earlier blocks",
+            exact_peek_target_length, sample_peek_target_length, cites=("mamou2024dynamic",)),
 ]
 
 #: The right way to prune: verify against q~ = q * keep / Z in both the ratio and the residual.

@@ -267,18 +267,24 @@ def detectable_difference(rate: float, n: int, level: float = 0.05, power: float
     return float(z * np.sqrt(2 * rate * (1 - rate) / n))
 
 
-def measured_acceptance_rate(accepted: Sequence, gamma: int) -> float:
+def measured_acceptance_rate(accepted: Sequence, gamma) -> float:
     """Return alpha as measured in decoding: accepted drafts / drafts that were tested.
 
     ``accepted`` holds per-block accepted counts (arrays or tensors of any shape; -1 marks a row that was
     not decoding). A block tests its drafts in order and stops at the first rejection, so it tests a + 1
     drafts when it accepts a < gamma of them and gamma when it accepts all; the drafts after a rejection
     were never tested and do not count. This is the maximum-likelihood estimate of a per-draft acceptance
-    probability (the i.i.d. model of notebooks/07_cost_model). NaN when nothing was tested.
+    probability (the i.i.d. model of notebooks/07_cost_model). NaN when nothing was tested. ``gamma`` is
+    the drafts per block, or (a draft-length policy) a sequence shaped like ``accepted`` of each row's own.
     """
     if not len(accepted):
         return float("nan")
     counts = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for a in accepted])
-    counts = counts[counts >= 0]
+    if isinstance(gamma, (int, np.integer)):
+        gamma = np.full_like(counts, gamma)
+    else:
+        gamma = np.concatenate([np.asarray(g, dtype=np.int64).reshape(-1) for g in gamma])
+    keep = counts >= 0
+    counts, gamma = counts[keep], gamma[keep]
     tested = counts + (counts < gamma)
     return float(counts.sum()) / float(tested.sum()) if tested.sum() else float("nan")

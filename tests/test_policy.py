@@ -1,0 +1,153 @@
+"""Draft lengths chosen on the fly (speculative.policy): exact proofs that past-only policies keep the
+target's law, the exact counterexample of a policy that peeks at the target, and the policies in the engine.
+
+The exact tests enumerate every branch with Fractions (no sampling, no false alarms): a policy keeps the
+law when the law of the first n emitted tokens equals the target's exactly. The engine's sampled law tests
+are in test_engine_law.py.
+"""
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from speculative.decode import plain_decode, speculative_decode
+from speculative.exact import (
+    RandomTableModel,
+    adaptive_block_law,
+    adaptive_sequence_law,
+    law_total_variation,
+    speculative_sequence_law,
+    target_sequence_law,
+)
+from speculative.pair import load_pair
+from speculative.pitfalls import SEED_P, SEED_Q, PeekAtTargetLength, find
+from speculative.policy import ConfidenceStop, CostModelPolicy, DraftPolicy, FixedLength, HeuristicSchedule, make_policy
+from speculative.transforms import SamplingConfig
+
+
+class EveryHistory(DraftPolicy):
+    """A test policy that uses all a lawful policy may: its length is a function of the whole list of past
+    outcomes, and it stops after any drafted token whose q is a fraction with an even denominator."""
+
+    name = "history"
+    max_gamma = 4
+
+    def start(self):
+        return ()
+
+    def length(self, state):
+        return 1 + (sum(a * (i + 1) for i, (a, _) in enumerate(state)) + len(state)) % 4
+
+    def stop_after(self, q):
+        return isinstance(q, Fraction) and q.denominator % 2 == 0
+
+    def update(self, state, accepted, full):
+        return state + ((accepted, full),)
+
+
+LAWFUL = [FixedLength(2), HeuristicSchedule(start_gamma=1, max_gamma=4), ConfidenceStop(threshold=0.4, max_gamma=4),
+          CostModelPolicy(c=0.3, v={1: 1.1, 4: 1.5}, max_gamma=4), EveryHistory()]
+
+
+@pytest.mark.parametrize("policy", LAWFUL, ids=lambda p: p.name)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_policy_that_looks_only_at_the_past_keeps_the_target_law_exactly(policy, seed):
+    target, draft = RandomTableModel(3, seed), RandomTableModel(3, 100 + seed)
+    for n_tokens in (1, 2, 3, 4):
+        assert adaptive_sequence_law(target, draft, (0,), n_tokens, policy) == target_sequence_law(target, (0,),
+                                                                                                    n_tokens)
+
+
+def test_the_lawful_policies_really_vary_the_length():
+    # the proof above is not about constant lengths in disguise: each adaptive policy's blocks differ
+    target, draft = RandomTableModel(3, 0), RandomTableModel(3, 100)
+    for policy in LAWFUL[1:]:
+        states = {s for (_, s) in adaptive_block_law(target, draft, (0,), policy)}
+        lengths = {policy.length(s) for s in states} | {policy.length(policy.start())}
+        stops = policy.stop_after(Fraction(1, 4))
+        assert len(lengths) > 1 or stops, policy.describe()
+
+
+def test_a_fixed_policy_is_the_fixed_block_rule():
+    target, draft = RandomTableModel(3, 7), RandomTableModel(3, 107)
+    assert adaptive_sequence_law(target, draft, (1,), 4, FixedLength(3)) == speculative_sequence_law(
+        target, draft, (1,), 3, 4)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_peeking_at_the_target_to_choose_what_to_verify_breaks_the_law(seed):
+    target, draft = RandomTableModel(3, seed), RandomTableModel(3, 100 + seed)
+    laws = [adaptive_sequence_law(target, draft, (0,), n, PeekAtTargetLength(2)) for n in (2, 3)]
+    refs = [target_sequence_law(target, (0,), n) for n in (2, 3)]
+    assert max(law_total_variation(a, b) for a, b in zip(laws, refs)) > Fraction(1, 100)
+
+
+def test_the_counterexample_law_on_the_seed_pair():
+    # one position, p = (1/2, 3/10, 1/5), q = (1/5, 1/2, 3/10), threshold 1/4: token 2 is never verified
+    law = find("peek_target_length").exact_law()
+    assert law == [Fraction(11, 20), Fraction(39, 100), Fraction(3, 50), Fraction(0)]
+    assert sum(abs(a - b) for a, b in zip(law, list(SEED_P) + [0])) / 2 == Fraction(7, 50)
+    # and the same law from the block enumeration of whole sequences, at one token
+    block = adaptive_sequence_law(lambda c: list(SEED_P), lambda c: list(SEED_Q), (), 1, PeekAtTargetLength(1))
+    assert [block[(x,)] for x in range(3)] == law[:3]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair()
+
+
+@pytest.mark.parametrize("name", ["fixed", "heuristic", "confidence", "auto"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_policy_decodes_greedily_as_plain_decoding(pair, name, batch):
+    prompts = [pair.prompts[0], pair.prompts[1][:60], pair.prompts[2]][:batch]
+    policy = make_policy(name, gamma=4, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}})
+    out = speculative_decode(pair.target, pair.draft, prompts, 48, policy, SamplingConfig(temperature=0.0))
+    assert out.tokens == plain_decode(pair.target, prompts, 48, SamplingConfig(temperature=0.0)).tokens
+    sizes = torch.cat([s[s >= 0] for s in out.lengths])
+    assert 1 <= int(sizes.min()) and int(sizes.max()) <= policy.max_gamma
+    if name != "fixed":
+        assert len(set(sizes.tolist())) > 1  # the length really changed from block to block or row to row
+    assert 0 < out.acceptance_rate() <= 1
+
+
+def test_the_heuristic_follows_its_rule_block_by_block(pair):
+    out = speculative_decode(pair.target, pair.draft, [pair.prompts[3]], 64, HeuristicSchedule(4, 12),
+                             SamplingConfig(temperature=1.0), torch.Generator().manual_seed(2))
+    sizes = [int(s[0]) for s in out.lengths]
+    accepted = [int(a[0]) for a in out.accepted]
+    assert sizes[0] == 4
+    for k, a, following in zip(sizes, accepted, sizes[1:]):
+        assert following == (min(12, k + 2) if a == k else max(1, k - 1))
+
+
+def test_the_cost_model_policy_drafts_longer_when_drafts_are_accepted():
+    policy = CostModelPolicy(c=0.1, v={1: 1.2, 8: 1.6}, max_gamma=8)
+    often, rarely = (40.0, 40.0), (2.0, 40.0)
+    assert policy.length(often) > policy.length(rarely)
+    assert policy.length(often) == 8 and policy.length(rarely) == 1
+
+
+class _Broken(DraftPolicy):
+    max_gamma = 4
+
+    def length(self, state):
+        return 5
+
+
+def test_bad_policies_and_settings_fail_with_one_line(pair):
+    with pytest.raises(ValueError, match="draft lengths \\[5\\]; each must be an integer in \\[1, 4\\]"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, _Broken())
+    with pytest.raises(ValueError, match="token-wise rule"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, FixedLength(2), rule="block")
+    with pytest.raises(ValueError, match="integer >= 1 or a draft-length policy"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, "auto")
+    with pytest.raises(ValueError, match="needs a calibration"):
+        make_policy("auto")
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("best")
+    with pytest.raises(ValueError, match="v must map"):
+        CostModelPolicy(c=0.1, v={})
+    with pytest.raises(ValueError, match="exceeds max_gamma"):
+        HeuristicSchedule(start_gamma=9, max_gamma=8)
