@@ -60,6 +60,21 @@ def _rules(text: str) -> list[str]:
     return rules
 
 
+def _gammas(text: str) -> list:
+    parts = [t.strip() for t in text.split(",")]
+    numbers = _ints(",".join(t for t in parts if t != "auto")) if any(t != "auto" for t in parts) else []
+    return [*numbers, *(["auto"] if "auto" in parts else [])]
+
+
+def _policies(text: str) -> list[str]:
+    from .policy import POLICIES
+
+    names = [t.strip() for t in text.split(",")]
+    if any(n not in POLICIES for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(POLICIES)}, got {text!r}")
+    return names
+
+
 def _schedules(text: str) -> list[str]:
     from .hf import HF_SCHEDULES
 
@@ -131,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = defaults.BENCH_DECODE
     decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair",
                                 formatter_class=formatter)
-    decode.add_argument("--gamma", type=_ints, default=list(d["gammas"]), metavar="G[,G...]", help="draft lengths")
+    decode.add_argument("--gamma", type=_gammas, default=list(d["gammas"]), metavar="G[,G...]",
+                        help="draft lengths; auto = chosen per block by the calibrated cost model")
     decode.add_argument("--temperature", type=_temperatures, default=list(d["temperatures"]), metavar="T[,T...]",
                         help="temperatures, 0 = greedy")
     decode.add_argument("--top-k", type=_int, default=None, help="keep the k likeliest tokens (both models)")
@@ -167,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--gamma", type=_int, default=4, help="this engine's draft length, and the fixed schedule's")
     peer.add_argument("--schedules", type=_schedules, default=["default", "fixed"], metavar="S[,S...]",
                       help="transformers' draft-length schedules: default, fixed, heuristic")
+    peer.add_argument("--policies", type=_policies, default=["fixed"], metavar="P[,P...]",
+                      help="this engine's draft-length policies: fixed (at --gamma), heuristic, confidence, auto")
     peer.add_argument("--prompts", type=_int, default=32, help="held-out prompts, each decoded by every decoder")
     peer.add_argument("--max-new-tokens", type=_int, default=128, help="tokens generated per prompt")
     peer.add_argument("--repeats", type=_int, default=2, help="timed rounds over the prompts, after a warm-up")
@@ -238,7 +256,7 @@ def _run_bench_peer(args) -> int:
 
     pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
     record = bench_peer(pair, args.temperature, args.gamma, args.schedules, args.prompts, args.max_new_tokens,
-                        args.repeats, args.seed, progress=not args.no_progress)
+                        args.repeats, args.seed, progress=not args.no_progress, policies=args.policies)
     print(format_peer_table(record))
     path = write_record(record, args.out)
     if path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -342,10 +343,20 @@ def bench_decode(
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
     from .decode import check_room, encode_prompts, multi_draft_decode, plain_decode, speculative_decode
+    from .policy import make_policy
     from .stats import measured_acceptance_rate
     from .transforms import SamplingConfig
 
     gammas, temperatures, batches, rules = list(gammas), list(temperatures), list(batches), list(rules)
+    # "auto": the cost-model policy (policy.CostModelPolicy), calibrated at every length up to AUTO_MAX_GAMMA
+    auto = "auto" in gammas
+    fixed = [g for g in gammas if g != "auto"]
+    if any(isinstance(g, bool) or not isinstance(g, int) for g in fixed) or len(set(gammas)) != len(gammas):
+        raise ValueError(f"gammas must be distinct integers >= 1 or 'auto', got {gammas}")
+    if auto and "token" not in rules:
+        raise ValueError("gamma 'auto' runs with the token-wise rule: add token to the rules")
+    longest_block = max(fixed + ([defaults.AUTO_MAX_GAMMA] if auto else []), default=1)
+    calibrated = sorted(set(fixed) | (set(range(1, defaults.AUTO_MAX_GAMMA + 1)) if auto else set()))
     from .sampler import rule_sampler
 
     for rule in rules:
@@ -364,9 +375,9 @@ def bench_decode(
     _check_scheme(scheme)
     # multi-draft runs are labelled rule "chains" and run for every k in ``drafts``, k = 1 included, so that
     # chains are compared with chains (the same loop) as well as with the single-chain loop
-    variants = [(g, rule, 1) for g in gammas for rule in rules]
+    variants = [(g, rule, 1) for g in gammas for rule in rules if g != "auto" or rule == "token"]
     if max(drafts) > 1:
-        variants += [(g, "chains", k) for g in gammas for k in drafts]
+        variants += [(g, "chains", k) for g in fixed for k in drafts]
     device = pair.target.device
     configs = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
     if not gammas or not temperatures or not batches:
@@ -374,7 +385,7 @@ def bench_decode(
     for name, value in (("repeats", repeats), ("prompts", prompts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if min(batches) < 1 or min(gammas) < 1:
+    if min(batches) < 1 or min(fixed, default=1) < 1:
         raise ValueError("batch sizes and gammas must be >= 1")
     if prompts > len(pair.prompts):
         raise ValueError(f"{prompts} prompts asked for, but the pair ships {len(pair.prompts)}")
@@ -386,7 +397,7 @@ def bench_decode(
     vocab = pair.target.config.vocab_size
     rows_all = encode_prompts(pair.prompts[:prompts], vocab)
     for model in (pair.target, pair.draft):  # the longest run first: fail now, not after an hour
-        check_room(model, rows_all, max_new_tokens, lookahead=max(gammas) + 2)
+        check_room(model, rows_all, max_new_tokens, lookahead=longest_block + 2)
     out_rows = []
     # timing each forward costs a CPU run nothing, so the timed runs themselves give c and v in situ; on
     # CUDA it costs a synchronisation per forward, so separate runs do
@@ -400,6 +411,8 @@ def bench_decode(
         if variant is None:
             return plain_decode(pair.target, group, max_new_tokens, config, generator, clock=clock)
         gamma, rule, chains = variant
+        if gamma == "auto":
+            gamma = make_policy("auto", calibration=calibrations[(rule, chains)], max_gamma=defaults.AUTO_MAX_GAMMA)
         if rule == "chains":
             return multi_draft_decode(pair.target, pair.draft, group[0], max_new_tokens, gamma, chains, config,
                                       generator, scheme=scheme, clock=clock)
@@ -411,9 +424,9 @@ def bench_decode(
 
     for batch in batches:
         groups = [pair.prompts[i:i + batch] for i in range(0, prompts, batch)]
-        costs = _forward_costs(pair, encode_prompts(groups[0], vocab), gammas)
+        costs = _forward_costs(pair, encode_prompts(groups[0], vocab), fixed)
         for config in configs:
-            calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k, vocab), gammas, config,
+            calibrations = {(rule, k): calibrate_steps(pair, encode_prompts(groups[0] * k, vocab), calibrated, config,
                                                        max_new_tokens, seed=seed,
                                                        rule="token" if rule == "chains" else rule)
                             for rule, k in sorted({(v[1], v[2]) for v in variants})}
@@ -423,7 +436,7 @@ def bench_decode(
                     calibrations[key] = per_plain_step(calibrations[key], plain_step)
             warm = torch.Generator(device=device).manual_seed(seed)
             plain_decode(pair.target, groups[0], 8, config, warm)  # warm-up, not timed
-            speculative_decode(pair.target, pair.draft, groups[0], 8, gammas[0], config, warm)
+            speculative_decode(pair.target, pair.draft, groups[0], 8, fixed[0] if fixed else 4, config, warm)
             # results[(gamma, rule)][repeat][group]; None is plain decoding
             results = {v: [[None] * len(groups) for _ in range(repeats)] for v in [None, *variants]}
             for repeat in range(repeats):
@@ -453,13 +466,22 @@ def bench_decode(
                               / sum(map(decode_seconds, results[variant][k])) for k in range(repeats)]
                 accepted = torch.cat([torch.stack(r.accepted).reshape(-1) for r in spec_all])
                 active = accepted[accepted >= 0].double()
-                alpha = measured_acceptance_rate([accepted], gamma)
                 tokens_per_forward = max_new_tokens * len(spec_all) / sum(len(r.accepted) for r in spec_all)
-                c_cal, v_cal = calibration["c"], calibration["v"][gamma]
-                predicted = tokens_per_forward / (gamma * c_cal + v_cal)
+                c_cal = calibration["c"]
                 c, v = per_call(timed_spec, "draft") / target_call, per_call(timed_spec, "target") / target_call
-                decomposed = tokens_per_forward / (gamma * c + v)
-                leviathan = ((1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1) / (gamma * c_cal + 1)
+                if gamma == "auto":  # each block drafts its longest row's length: cost it block by block
+                    blocks = [int(size.max()) for r in spec_all for size in r.lengths if int(size.max()) > 0]
+                    block_gamma = statistics.mean(blocks)
+                    v_cal = statistics.mean(_interpolated(calibration["v"], k) for k in blocks)
+                    alpha = measured_acceptance_rate([torch.stack(r.accepted) for r in spec_all],
+                                                     [torch.stack(r.lengths) for r in spec_all])
+                else:
+                    block_gamma, v_cal = gamma, calibration["v"][gamma]
+                    alpha = measured_acceptance_rate([accepted], gamma)
+                predicted = tokens_per_forward / (block_gamma * c_cal + v_cal)
+                decomposed = tokens_per_forward / (block_gamma * c + v)
+                leviathan = (((1 - alpha ** (block_gamma + 1)) / (1 - alpha) if alpha < 1 else block_gamma + 1)
+                             / (block_gamma * c_cal + 1))
                 tokens = batch * max_new_tokens * repeats * len(groups)
                 first = results[variant][0]
                 # tokens per target call of each group (per prompt at batch 1): its spread over prompts
@@ -472,7 +494,8 @@ def bench_decode(
                     "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
                     "speedup_per_repeat": per_repeat,
                     "predicted": predicted, "efficiency": speedup / predicted,
-                    "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"][gamma]},
+                    "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma)},
+                    "mean_gamma": block_gamma,
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": float((active + 1).mean()),
                     "tokens_per_target_forward_per_group": group_tokens,
@@ -491,7 +514,7 @@ def bench_decode(
                     "speculative_prefill_seconds": statistics.mean(r.prefill_seconds for r in spec_all),
                     # the forwards timed alone, back to back (warm caches): for comparison
                     "c_isolated": costs["draft_1"] / costs["target_1"],
-                    "v_isolated": costs[f"target_{gamma + 1}"] / costs["target_1"],
+                    "v_isolated": (costs[f"target_{gamma + 1}"] / costs["target_1"]) if gamma != "auto" else None,
                     "forward_costs_s": costs, "calibration_s": calibration["seconds"],
                     "repeat_share_median": statistics.median(
                         repeat_share(row, prompt) for result, group in zip(first, groups)
@@ -517,6 +540,13 @@ def bench_decode(
                    "top_p": top_p, "top_k": top_k, "dtype": str(pair.target.dtype)},
         "results": out_rows,
     }
+
+
+def _interpolated(values: dict, k: int) -> float:
+    """v at draft length k from a calibration's {length: v} (keys may be ints or, from JSON, strings)."""
+    from .policy import _interpolate
+
+    return _interpolate(sorted((int(g), float(x)) for g, x in values.items()), k)
 
 
 def _variant(row: dict) -> tuple:
@@ -658,7 +688,8 @@ def _peer_ratio(tally: dict, a: str, b: str) -> tuple:
 
 def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                schedules: Iterable[str] = ("default", "fixed"), prompts: int = 32, max_new_tokens: int = 128,
-               repeats: int = 2, seed: int = 0, progress: bool = True) -> dict:
+               repeats: int = 2, seed: int = 0, progress: bool = True,
+               policies: Iterable[str] = ("fixed",)) -> dict:
     """Return a record of this engine against transformers' assisted generation on the same models, side by side.
 
     The shipped pair is exported to transformers' GPT-2 (:func:`hf.export`: equal logits), so both sides
@@ -670,7 +701,14 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     ``generate(assistant_model=...)`` under each schedule in ``schedules`` (:data:`hf.HF_SCHEDULES`;
     "fixed" drafts ``gamma``). Each call is timed whole (prefill included); the round repeats
     ``repeats`` times after a warm-up. At temperature 0 every decoder must emit the target's greedy
-    tokens, and the record says whether they did. One row per (temperature, schedule).
+    tokens, and the record says whether they did. One row per (temperature, schedule, policy).
+
+    ``policies`` (:data:`policy.POLICIES`) are this engine's draft-length policies raced, each a decoder of
+    its own: ``fixed`` at ``gamma`` (the decoder ``ours``), ``heuristic`` (transformers' schedule,
+    starting at ``gamma``) and ``confidence`` (transformers' default threshold), both allowed up to
+    :data:`defaults.PEER_MAX_GAMMA` drafts as transformers' default allows, and ``auto`` (the cost model,
+    calibrated at this temperature before the runs, up to :data:`defaults.AUTO_MAX_GAMMA`). In each row
+    the ``ours_*`` fields are those of the row's policy.
 
     ``pair`` may also be a wrapped transformers pair (:func:`hf.pair`, :func:`hf.load_pair`): then
     ``ours`` runs this engine on the wrapped models, transformers runs the models themselves, and there
@@ -683,9 +721,12 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
 
     from .decode import encode_prompts, plain_decode, speculative_decode
     from .hf import HF_SCHEDULES, export, plain_generate, wrap
+    from .policy import POLICIES, make_policy
     from .transforms import SamplingConfig
 
-    temperatures, schedules = list(temperatures), list(schedules)
+    temperatures, schedules, policies = list(temperatures), list(schedules), list(policies)
+    if not policies or any(p not in POLICIES for p in policies) or len(set(policies)) != len(policies):
+        raise ValueError(f"policies must be distinct names among {', '.join(POLICIES)}, got {policies}")
     for name, value in (("gamma", gamma), ("prompts", prompts), ("max_new_tokens", max_new_tokens),
                         ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -700,7 +741,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     from .decode import check_room
 
     for model in (pair.target, pair.draft):  # transformers' default schedule drafts up to 20 tokens
-        check_room(model, rows, max_new_tokens, lookahead=max(gamma, 20) + 2)
+        check_room(model, rows, max_new_tokens, lookahead=max(gamma, 20, defaults.PEER_MAX_GAMMA) + 2)
     device = pair.target.device
     shipped = isinstance(pair.target, GPT)  # the library's models, or a wrapped transformers pair (hf.pair)
     if shipped:
@@ -708,16 +749,18 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
         wrapped = (wrap(hf_target), wrap(hf_draft))
     else:  # ours already runs transformers' forwards: no third variant
         hf_target, hf_draft = pair.target.model, pair.draft.model
-    ours_names = ["ours", "ours_plain", *(["ours_on_hf_models"] if shipped else [])]
+    keys = {p: "ours" if p == "fixed" else f"ours_{p}" for p in policies}  # each policy's decoder
+    with_wrapped = shipped and "fixed" in policies
+    ours_names = [*keys.values(), "ours_plain", *(["ours_on_hf_models"] if with_wrapped else [])]
     names = [*ours_names, "hf_plain", *[f"hf_{s}" for s in schedules]]
 
-    def decoders(config, run_seed):
+    def decoders(config, run_seed, lengths):
         generator = lambda: torch.Generator(device=device).manual_seed(run_seed)  # noqa: E731
         t = config.temperature
-        out = {"ours": lambda r, n: speculative_decode(pair.target, pair.draft, [r], n, gamma, config, generator()),
-               "ours_plain": lambda r, n: plain_decode(pair.target, [r], n, config, generator()),
-               "hf_plain": lambda r, n: plain_generate(hf_target, r, n, t, run_seed)}
-        if shipped:
+        out = {keys[p]: functools.partial(_ours, pair, lengths[p], config, generator) for p in policies}
+        out.update({"ours_plain": lambda r, n: plain_decode(pair.target, [r], n, config, generator()),
+                    "hf_plain": lambda r, n: plain_generate(hf_target, r, n, t, run_seed)})
+        if with_wrapped:
             out["ours_on_hf_models"] = lambda r, n: speculative_decode(*wrapped, [r], n, gamma, config, generator())
         for s in schedules:
             out[f"hf_{s}"] = functools.partial(_assisted, hf_target, hf_draft, t, s, gamma, run_seed)
@@ -732,7 +775,13 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     greedy_equal = {}
     for temperature in temperatures:
         config = SamplingConfig(temperature=temperature)
-        for run in decoders(config, seed).values():  # warm-up, not timed
+        lengths = {"fixed": gamma, "heuristic": make_policy("heuristic", gamma, max_gamma=defaults.PEER_MAX_GAMMA),
+                   "confidence": make_policy("confidence", max_gamma=defaults.PEER_MAX_GAMMA)}
+        if "auto" in policies:  # calibrated at this temperature, before any timed run
+            calibration = calibrate_steps(pair, rows[:1], list(range(1, defaults.AUTO_MAX_GAMMA + 1)), config,
+                                          max_new_tokens, seed=seed)
+            lengths["auto"] = make_policy("auto", calibration=calibration, max_gamma=defaults.AUTO_MAX_GAMMA)
+        for run in decoders(config, seed, lengths).values():  # warm-up, not timed
             run(rows[0], 16)
         seconds = {n: [0.0] * prompts for n in names}
         blocks = {n: [0] * prompts for n in names}  # target calls that emitted tokens
@@ -740,7 +789,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
         accepted = {n: [0] * prompts for n in names}
         reference = {}
         for repeat in range(repeats):
-            runs = decoders(config, seed + repeat)
+            runs = decoders(config, seed + repeat, lengths)
             for i, row in enumerate(rows):
                 for name in names:
                     synchronize(device)
@@ -754,11 +803,15 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                     if temperature == 0:
                         reference.setdefault(i, tokens)
                         greedy_equal[name] = greedy_equal.get(name, True) and tokens == reference[i]
-                    if name in ("ours", "ours_on_hf_models"):
+                    if name.startswith("ours") and name != "ours_plain":
                         counts = torch.stack(result.accepted).reshape(-1)
                         counts = counts[counts >= 0]
                         blocks[name][i] += len(counts)
-                        drafted[name][i] += gamma * len(counts)
+                        if result.lengths:  # a policy: each block's own length
+                            sizes = torch.stack(result.lengths).reshape(-1)
+                            drafted[name][i] += int(sizes[sizes >= 0].sum())
+                        else:
+                            drafted[name][i] += gamma * len(counts)
                         accepted[name][i] += int(counts.sum())
                     elif name.startswith("hf_") and name != "hf_plain":
                         blocks[name][i] += len(result.drafted)
@@ -767,14 +820,16 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
         made = max_new_tokens * repeats  # new tokens per prompt over the repeats
         tally = {"seconds": seconds, "blocks": blocks, "drafted": drafted, "accepted": accepted, "made": made,
                  "seed": seed}
-        for schedule in schedules:
-            hf = f"hf_{schedule}"
-            over_hf, over_hf_ci = _peer_ratio(tally, "ours", hf)
-            speedup, speedup_ci = _peer_ratio(tally, "ours", "ours_plain")
+        for schedule, policy_name in itertools.product(schedules, policies):
+            hf, ours = f"hf_{schedule}", keys[policy_name]
+            over_hf, over_hf_ci = _peer_ratio(tally, ours, hf)
+            speedup, speedup_ci = _peer_ratio(tally, ours, "ours_plain")
             hf_speedup, hf_speedup_ci = _peer_ratio(tally, hf, "hf_plain")
-            row = {"temperature": temperature, "batch": 1, "policy": "fixed", "gamma": gamma, "hf_schedule": schedule,
-                   "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
-                   **{k: v for name in (*ours_names, "hf_plain")
+            row = {"temperature": temperature, "batch": 1, "policy": policy_name, "gamma": gamma,
+                   "policy_described": lengths[policy_name].describe() if policy_name != "fixed" else f"fixed {gamma}",
+                   "hf_schedule": schedule, "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
+                   **_as_ours(_peer_rate(tally, ours), ours),
+                   **{k: v for name in ("ours_plain", "hf_plain", *(["ours_on_hf_models"] if with_wrapped else []))
                       for k, v in _peer_rate(tally, name).items()}}
             assisted = _peer_rate(tally, hf)
             row.update({"hf_assisted_tokens_per_s": assisted[f"{hf}_tokens_per_s"],
@@ -782,9 +837,10 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                         "ours_over_hf_assisted": over_hf, "ours_over_hf_assisted_ci95": over_hf_ci,
                         "ours_speedup": speedup, "ours_speedup_ci95": speedup_ci,
                         "hf_assisted_speedup": hf_speedup, "hf_assisted_speedup_ci95": hf_speedup_ci,
-                        **_peer_calls(tally, "ours", "ours"), **_peer_calls(tally, hf, "hf"),
-                        **(_peer_calls(tally, "ours_on_hf_models", "ours_on_hf_models") if shipped else {}),
-                        "seconds_per_prompt": {n: seconds[n] for n in ("ours", "ours_plain", "hf_plain", hf)}})
+                        **_peer_calls(tally, ours, "ours"), **_peer_calls(tally, hf, "hf"),
+                        **(_peer_calls(tally, "ours_on_hf_models", "ours_on_hf_models") if with_wrapped else {}),
+                        "seconds_per_prompt": {"ours": seconds[ours],
+                                               **{n: seconds[n] for n in ("ours_plain", "hf_plain", hf)}}})
             if temperature == 0:
                 row["greedy_outputs_equal"] = {n: greedy_equal[n]
                                                for n in (*ours_names, "hf_plain", hf) if n != "ours_plain"}
@@ -808,28 +864,50 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     }
 
 
+def _as_ours(fields: dict, key: str) -> dict:
+    """Rename a decoder's fields (``ours_auto_tokens_per_s``, ...) to the row's ``ours_*``."""
+    return {"ours" + k[len(key):]: v for k, v in fields.items()}
+
+
+def _ours(pair, length, config, generator, prompt, n):
+    from .decode import speculative_decode
+
+    return speculative_decode(pair.target, pair.draft, [prompt], n, length, config, generator())
+
+
 def _assisted(target, draft, temperature, schedule, gamma, seed, prompt, n):
     from .hf import assisted_generate
 
     return assisted_generate(target, draft, prompt, n, temperature, schedule, gamma, seed)
 
 
-def format_peer_table(record: dict, markdown: bool = False) -> str:
-    """Return the race as a table: one line per (temperature, transformers schedule)."""
+def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str] = None) -> str:
+    """Return the race as a table: one line per (temperature, transformers schedule, this engine's policy),
+    or only the rows of ``policy``. A record of several policies gets a policy column."""
     def interval(row, key, digits=0):
         low, high = row[f"{key}_ci95"]
         return f"{row[key]:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
+    several = len({r.get("policy", "fixed") for r in record["results"]}) > 1 and policy is None
     headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
                "alpha ours", "alpha HF", "tok/call ours", "tok/call HF"]
-    rows = [[f"{r['temperature']:g}", r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
-             interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
-             interval(r, "ours_over_hf_assisted", 2), interval(r, "hf_plain_tokens_per_s"),
-             interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
-             interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)]
-            for r in record["results"]]
+    rows = []
+    for r in record["results"]:
+        if policy is not None and r.get("policy", "fixed") != policy:
+            continue
+        rows.append([f"{r['temperature']:g}",
+                     r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
+                     interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
+                     interval(r, "ours_over_hf_assisted", 2), interval(r, "hf_plain_tokens_per_s"),
+                     interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
+                     interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)])
+        if several:
+            rows[-1].insert(2, r.get("policy_described", r.get("policy", "fixed")))
+    if several:
+        headers.insert(2, "ours: policy")
     env = record["environment"]
-    notes = [PEER_LEGEND, f"ours: gamma {record['config']['gamma']}, token-wise; batch 1; "
+    notes = [PEER_LEGEND, f"ours: token-wise, fixed gamma {record['config']['gamma']} unless a policy is named; "
+             "batch 1; "
              f"{record['config']['prompts']} prompts x {record['config']['repeats']} repeats, "
              f"{record['config']['max_new_tokens']} new tokens; transformers {env['transformers']}, "
              f"torch {env['torch']}, {env['device']}, {env.get('accelerator') or env['cpu']}."]

@@ -29,6 +29,11 @@ TRAIN_SEED = 0
 #: batch size), tokens per row, timed repeats, seed.
 BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16), "prompts": 32,
                 "max_new_tokens": 128, "repeats": 2, "seed": 0}
+#: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
+AUTO_MAX_GAMMA = 8
+#: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'
+#: default assisted generation drafts up to 20).
+PEER_MAX_GAMMA = 20
 #: ``bench sampler``: batch sizes, vocabularies, drafted tokens per row, timed repeats, seed.
 BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 5, "seed": 0}
 
