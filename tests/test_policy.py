@@ -151,3 +151,58 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
         CostModelPolicy(c=0.1, v={})
     with pytest.raises(ValueError, match="exceeds max_gamma"):
         HeuristicSchedule(start_gamma=9, max_gamma=8)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the command line: --gamma auto, and the policies in the race
+
+
+def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
+    import json
+
+    from speculative.__main__ import main
+
+    out = tmp_path / "auto.json"
+    assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2,auto", "--temperature", "0,1",
+                 "--batch", "1,2", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    auto = [r for r in rows if r["gamma"] == "auto"]
+    assert len(auto) == 4 and all(1 <= r["mean_gamma"] <= 8 and r["predicted"] > 0 for r in auto)
+    assert all(r["v_isolated"] is None for r in auto) and all(r["v_isolated"] > 0 for r in rows if r["gamma"] == 2)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "decode", "--gamma", "auto", "--rule", "block"], "token-wise rule"),
+    (["bench", "peer", "--policies", "best"], "expected distinct names among fixed, heuristic, confidence, auto"),
+])
+def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    from speculative.__main__ import main
+
+    try:
+        code = main([*argv, "--no-progress", "--out", str(tmp_path / "r.json")])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_peer_races_every_policy(tmp_path):
+    import json
+
+    from speculative.__main__ import main
+
+    out = tmp_path / "peer.json"
+    assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "1",
+                 "--schedules", "fixed", "--policies", "fixed,heuristic,confidence,auto", "--no-progress",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert sorted(r["policy"] for r in rows) == ["auto", "confidence", "fixed", "heuristic"]
+    for row in rows:
+        low, high = row["ours_over_hf_assisted_ci95"]
+        assert low <= row["ours_over_hf_assisted"] <= high and row["ours_tokens_per_s"] > 0
+        assert row["ours_over_hf_assisted"] == pytest.approx(sum(row["seconds_per_prompt"]["hf_fixed"])
+                                                             / sum(row["seconds_per_prompt"]["ours"]))
+    assert len({r["ours_tokens_per_s"] for r in rows}) == 4  # four decoders, not one reported four times

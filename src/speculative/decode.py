@@ -346,7 +346,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
                 sure = probs if config.temperature > 0 else torch.softmax(draft_logits.float(), -1)
                 stop = policy.stop_after(sure.gather(1, token.unsqueeze(1)).squeeze(1))
                 row_gamma = torch.where(stop & (row_gamma > i + 1), i + 1, row_gamma)
-                if i + 1 < block_gamma and not bool((row_gamma > i + 1).any()):  # every row has stopped
+                if i + 1 < block_gamma and not bool(((row_gamma > i + 1) & active).any()):  # every row stopped
                     break
             if i + 1 < block_gamma:
                 draft_logits = draft_call(token.unsqueeze(1), at + i, draft_cache, span=span, check=False)[:, -1]
