@@ -20,12 +20,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from .model import GPT
+
+with warnings.catch_warnings():  # transformers imports tqdm.auto, which warns in a notebook without ipywidgets
+    warnings.filterwarnings("ignore", message="IProgress not found")
+    try:
+        import transformers  # noqa: F401  (imported here, quietly, so that later imports find it loaded)
+    except ImportError:  # the library runs without transformers; only this module's functions need it
+        pass
 
 __all__ = ["export", "gpt2_config", "wrap", "pair", "load_pair", "same_tokenizer", "HFModel", "HFPair", "HFCache",
            "HF_SCHEDULES", "plain_generate", "assisted_generate", "AssistedRun", "PUBLIC_PAIR", "public_pair_names",
