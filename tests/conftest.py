@@ -32,15 +32,26 @@ def tiny_pair_dir(tmp_path):
 
 def planted_rollback_bug():
     """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
-    source = inspect.getsource(decode)
     correct = "target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache"
+    return _planted(correct, correct.replace("at - 1", "at"))
+
+
+def planted_cut_bug():
+    """A copy of decode.py in which a row whose draft-length policy asked for fewer drafts than its batch
+    draws its last token from the target one position too far (k + 2 instead of k + 1)."""
+    correct = "row_gamma.clamp(max=block_gamma)]"
+    return _planted(correct, "(row_gamma + 1).clamp(max=block_gamma)]")
+
+
+def _planted(correct: str, wrong: str):
+    source = inspect.getsource(decode)
     assert source.count(correct) == 1
     name = "speculative.decode_with_planted_bug"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     module.__package__ = "speculative"
     sys.modules[name] = module  # dataclasses look their module up while the class is created
     try:
-        exec(compile(source.replace(correct, correct.replace("at - 1", "at")), name, "exec"), module.__dict__)
+        exec(compile(source.replace(correct, wrong), name, "exec"), module.__dict__)
     finally:
         del sys.modules[name]
     return module

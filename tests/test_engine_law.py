@@ -22,7 +22,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import planted_rollback_bug
+from conftest import planted_cut_bug, planted_rollback_bug
 from speculative import stats
 from speculative.decode import plain_decode, speculative_decode
 from speculative.evaluate import exact_sequence_law
@@ -209,3 +209,21 @@ def test_draft_length_policies_follow_the_exact_law(pair, name):
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
     # the cut path ran: in some block, rows of one batch had different lengths
     assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
+
+
+def test_a_planted_cut_bug_is_caught(pair):
+    # the heuristic gives rows of one batch different lengths; drawing a cut row's last token one position
+    # too far must fail the same test that the right engine passes
+    from speculative.policy import make_policy
+
+    broken = planted_cut_bug()
+    prompt, length, rows = pair.prompts[1], 8, 3_000
+    law = _law(pair, prompt, TOP2, length)
+    policy = make_policy("heuristic", gamma=3, max_gamma=6)
+
+    def decode(prompts, n, generator):
+        return broken.speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator)
+
+    (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
+    result, _ = _fit(counts, law)
+    assert result.rejects(), result

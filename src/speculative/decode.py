@@ -367,8 +367,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)
         if policy is not None:  # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
             cut = (num_accepted >= row_gamma) & (row_gamma < block_gamma)
-            fresh = _sample(target_probs[torch.arange(len(origin), device=device), row_gamma.clamp(max=block_gamma)],
-                            generator)
+            rows_here = torch.arange(len(origin), device=device)
+            fresh = _sample(target_probs[rows_here, row_gamma.clamp(max=block_gamma)], generator)
             num_accepted = torch.where(cut, row_gamma, num_accepted)
             positions = torch.arange(block_gamma + 1, device=device).unsqueeze(0)
             emitted = torch.where(cut.unsqueeze(1) & (positions > row_gamma.unsqueeze(1)), -1, emitted)

@@ -302,10 +302,10 @@ def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu"
 
 #: Draft-length schedules of transformers' assisted generation that the race runs. "default" is what
 #: ``generate(assistant_model=...)`` does when nothing is set (at transformers 5.24: up to 20 drafts, a
-#: constant schedule, and drafting stops early once the draft's top probability falls below 0.4; that
-#: threshold adapts only when scikit-learn is installed). "fixed" drafts exactly gamma tokens, with the
-#: confidence stop off. "heuristic" starts at gamma, adds 2 after a fully accepted block and removes 1
-#: otherwise.
+#: constant schedule, and drafting stops early once the draft's probability of the token it just
+#: drafted falls below 0.4; that threshold adapts only when scikit-learn is installed). "fixed" drafts
+#: exactly gamma tokens, with the confidence stop off. "heuristic" starts at gamma, adds 2 after a fully
+#: accepted block and removes 1 otherwise.
 HF_SCHEDULES = ("default", "fixed", "heuristic")
 
 
