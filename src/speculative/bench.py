@@ -31,7 +31,7 @@ from .timing import Clock, environment, median_call_seconds, synchronize
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step",
            "repeat_share", "write_record",
            "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND",
-           "bench_peer", "format_peer_table", "PEER_LEGEND"]
+           "bench_peer", "format_peer_table", "PEER_LEGEND", "speed_ratio"]
 
 
 def time_side_by_side(runs: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, dict]:
@@ -281,16 +281,28 @@ def repeat_share(tokens: list[int], context: list[int], n: int = 8) -> float:
     return repeated / positions if positions else float("nan")
 
 
-def _interval(plain_seconds: list[float], spec_seconds: list[float], seed: int) -> list[float]:
-    """Return a 95% bootstrap interval (percentile, over groups of prompts) for the pooled speedup."""
+def _ci(columns: list, statistic: Callable, seed: int) -> list[float]:
+    """Return a 95% percentile bootstrap interval (2,000 resamples, paired over prompts) of ``statistic``
+    of the per-prompt ``columns``."""
     from scipy.stats import bootstrap
 
-    if len(plain_seconds) < 2:
+    if len(columns[0]) < 2:
         return [float("nan"), float("nan")]
-    result = bootstrap((plain_seconds, spec_seconds), lambda a, b: sum(a) / sum(b), paired=True,
-                       vectorized=False, n_resamples=2000, confidence_level=0.95, method="percentile",
-                       random_state=seed)
+    result = bootstrap(tuple(columns), statistic, paired=True, vectorized=False, n_resamples=2000,
+                       confidence_level=0.95, method="percentile", random_state=seed)
     return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+
+
+def _interval(plain_seconds: list[float], spec_seconds: list[float], seed: int) -> list[float]:
+    """Return a 95% bootstrap interval (percentile, over groups of prompts) for the pooled speedup."""
+    return _ci([plain_seconds, spec_seconds], lambda a, b: sum(a) / sum(b), seed)
+
+
+def speed_ratio(seconds: list[float], baseline_seconds: list[float], seed: int = 0) -> tuple[float, list[float]]:
+    """Return how many times as fast a decoder ran as a baseline on the same prompts and tokens (pooled:
+    baseline seconds / its seconds) with a 95% bootstrap interval paired over prompts, from the
+    per-prompt seconds a record keeps (e.g. ``seconds_per_prompt`` of :func:`bench_peer`'s rows)."""
+    return sum(baseline_seconds) / sum(seconds), _interval(baseline_seconds, seconds, seed)
 
 
 def bench_decode(
@@ -331,7 +343,8 @@ def bench_decode(
     tokens per row / target calls after the prefill, so a batch that waits for its slowest row is
     charged for it); tokens per active block; the **prediction** tokens_per_target_forward /
     (gamma c + v) with c and v from the calibration, and the **efficiency** speedup / prediction. The
-    prediction uses this run's tokens per call but none of its timings. Kept apart, under their own
+    prediction uses this run's tokens per call but none of its timings (for ``gamma="auto"``, also this
+    run's block lengths, each priced from the calibration). Kept apart, under their own
     names: c and v timed in situ (every forward timed inside the runs on a CPU, in one extra run on
     CUDA), the *decomposition* tokens_per_target_forward / (gamma c + v) from them, and the
     *in-situ share* speedup / decomposition, which on a CPU equals (plain decode seconds / plain forward
@@ -641,18 +654,6 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     return _table(headers, rows, notes, markdown)
 
 
-def _ci(columns: list, statistic: Callable, seed: int) -> list[float]:
-    """Return a 95% percentile bootstrap interval (2,000 resamples, paired over prompts) of ``statistic``
-    of the per-prompt ``columns``."""
-    from scipy.stats import bootstrap
-
-    if len(columns[0]) < 2:
-        return [float("nan"), float("nan")]
-    result = bootstrap(tuple(columns), statistic, paired=True, vectorized=False, n_resamples=2000,
-                       confidence_level=0.95, method="percentile", random_state=seed)
-    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
-
-
 #: The decoders the race runs on every prompt, in turn: this engine (speculative and plain, on the library's
 #: models, and speculative on the exported models wrapped by ``hf.wrap``) and transformers' ``generate``
 #: (plain, and assisted under each schedule raced).
@@ -682,8 +683,7 @@ def _peer_calls(tally: dict, name: str, label: str) -> dict:
 
 def _peer_ratio(tally: dict, a: str, b: str) -> tuple:
     """Tokens per second of ``a`` over those of ``b`` (the same tokens), paired by prompt, with its interval."""
-    x, y = tally["seconds"][a], tally["seconds"][b]
-    return sum(y) / sum(x), _ci([x, y], lambda u, v: sum(v) / sum(u), tally["seed"])
+    return speed_ratio(tally["seconds"][a], tally["seconds"][b], tally["seed"])
 
 
 def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
