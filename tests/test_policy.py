@@ -153,6 +153,20 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
         HeuristicSchedule(start_gamma=9, max_gamma=8)
 
 
+def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
+    """On tiny models a block can time faster than its draft steps (CI saw v(7) = -0.28): the loop's v is
+    then unmeasurable, so v_alone stands in, is listed, and the cost model still builds."""
+    from speculative.bench import _step_costs, per_plain_step
+
+    seconds = {"plain": 2.0, "draft": 1.0, "block_1": 3.0, "block_2": 1.9, "verify_1": 2.2, "verify_2": 2.4}
+    costs = _step_costs(seconds, [1, 2], seconds["plain"])
+    assert costs["c"] == 0.5 and costs["v"] == {1: 1.0, 2: 1.2} and costs["v_from_alone"] == [2]
+    assert costs["v_alone"] == {1: 1.1, 2: 1.2}
+    rebased = per_plain_step({"seconds": seconds, **costs}, 4.0)
+    assert rebased["v"] == {1: 0.5, 2: 0.6} and rebased["v_from_alone"] == [2]
+    assert make_policy("auto", calibration=costs, max_gamma=2).length((0.0, 0.0)) in (1, 2)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the command line: --gamma auto, and the policies in the race
 

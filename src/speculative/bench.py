@@ -246,23 +246,35 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
         for name, step in steps.items():
             rounds[name].append(median_call_seconds(step, min_run_time=0.2))
     seconds = {name: statistics.median(times) for name, times in rounds.items()}
-    plain, draft = seconds["plain"], seconds["draft"]
-    return {"seconds": seconds, "c": draft / plain,
-            # v as the loop pays it: what a block costs beyond its gamma draft steps (the verification
-            # runs right after the draft's forwards, with the caches they leave), and as it costs alone
-            "v": {g: (seconds[f"block_{g}"] - g * draft) / plain for g in gammas},
-            "v_alone": {g: seconds[f"verify_{g}"] / plain for g in gammas}, "repeats": repeats}
+    return {"seconds": seconds, **_step_costs(seconds, gammas, seconds["plain"]), "repeats": repeats}
+
+
+def _step_costs(seconds: dict, gammas, plain_seconds: float) -> dict:
+    """c, v and v_alone from a calibration's median seconds, relative to a plain step of ``plain_seconds``.
+
+    v(gamma) is what a block costs beyond its gamma draft steps (the verification as the loop pays it:
+    right after the draft's forwards, with the caches they leave). When timing noise makes that
+    difference zero or negative (tiny models, whose steps cost about the same), it cannot measure the
+    verification, so v_alone(gamma), the verification step timed alone, stands in for it; the gammas
+    where it did are listed under ``v_from_alone``, so that no record hides the substitution.
+    """
+    draft = seconds["draft"]
+    v, fallback = {}, []
+    for g in gammas:
+        loop = seconds[f"block_{g}"] - g * draft
+        if not loop > 0:
+            loop = seconds[f"verify_{g}"]
+            fallback.append(g)
+        v[g] = loop / plain_seconds
+    return {"c": draft / plain_seconds, "v": v, "v_alone": {g: seconds[f"verify_{g}"] / plain_seconds for g in gammas},
+            "v_from_alone": fallback}
 
 
 def per_plain_step(calibration: dict, plain_seconds: float) -> dict:
     """Return ``calibration`` (from :func:`calibrate_steps`) with c, v and v_alone relative to a plain step
     of ``plain_seconds`` instead of its own: multi-draft decoding runs k rows per step, but is compared
     with plain decoding of one row, so its steps must be counted in that row's plain steps."""
-    seconds = calibration["seconds"]
-    gammas = list(calibration["v"])
-    return {**calibration, "c": seconds["draft"] / plain_seconds,
-            "v": {g: (seconds[f"block_{g}"] - g * seconds["draft"]) / plain_seconds for g in gammas},
-            "v_alone": {g: seconds[f"verify_{g}"] / plain_seconds for g in gammas},
+    return {**calibration, **_step_costs(calibration["seconds"], list(calibration["v"]), plain_seconds),
             "relative_to_plain_seconds": plain_seconds}
 
 
@@ -507,7 +519,8 @@ def bench_decode(
                     "speedup_median": statistics.median(group_speedups), "speedup_per_group": group_speedups,
                     "speedup_per_repeat": per_repeat,
                     "predicted": predicted, "efficiency": speedup / predicted,
-                    "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma)},
+                    "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma),
+                                    "v_from_alone": calibration["v_from_alone"]},
                     "mean_gamma": block_gamma,
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": float((active + 1).mean()),
