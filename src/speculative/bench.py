@@ -29,7 +29,7 @@ from .sampler import draw_randomness, reference_rejection_sample, rejection_samp
 from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step",
-           "repeat_share", "write_record",
+           "length_ceilings", "repeat_share", "write_record",
            "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND",
            "bench_peer", "format_peer_table", "PEER_LEGEND", "speed_ratio"]
 
@@ -573,6 +573,37 @@ def _interpolated(values: dict, k: int) -> float:
     from .policy import _interpolate
 
     return _interpolate(sorted((int(g), float(x)) for g, x in values.items()), k)
+
+
+def length_ceilings(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
+    """Return what a draft-length rule could gain at most, by the cost model, from a decode record's
+    fixed-gamma rows at (``batch``, ``temperature``): speedups over plain decoding before the loop's
+    overheads beyond its calibrated steps (efficiency 1).
+
+    ``fixed``: each fixed gamma's prediction (its run's tokens per target call over the calibrated block
+    cost gamma c + v(gamma)), and ``best_fixed``, the gamma with the highest. ``clairvoyant``: a rule that
+    knew, before each block, how many drafts would pass (impossible when sampling, where that depends on
+    draws not made yet), read from the blocks of the longest gamma's run: a block that accepted a >= 1
+    drafts would have drafted exactly a, emitting a + 1 tokens at cost a c + v(a); one that accepted none
+    would have skipped drafting for a plain step (one token, cost 1); one that accepted all would have
+    drafted all (its limit is the longest gamma). v between calibrated gammas is interpolated linearly.
+    An estimate, not a bound in law: blocks of other lengths would meet other contexts.
+    """
+    rows = {r["gamma"]: r for r in record["results"]
+            if r["batch"] == batch and r["temperature"] == temperature and r.get("rule", "token") == rule
+            and r.get("drafts", 1) == 1 and r["gamma"] != "auto"}
+    if not rows:
+        raise ValueError(f"the record has no fixed-gamma rows at batch {batch}, temperature {temperature}")
+    c = next(iter(rows.values()))["calibration"]["c"]
+    v = {g: r["calibration"]["v"] for g, r in rows.items()}
+    longest = max(rows)
+    runs = [a for seq in rows[longest]["accepted_per_block"] for a in seq if a >= 0]
+    tokens = sum(a + 1 for a in runs)
+    cost = sum(1.0 if a == 0 else a * c + _interpolated(v, a) for a in runs)
+    fixed = {g: r["predicted"] for g, r in sorted(rows.items())}
+    return {"fixed": fixed, "best_fixed": max(fixed, key=fixed.get), "clairvoyant": tokens / cost,
+            "clairvoyant_blocks": len(runs), "clairvoyant_skipped": sum(a == 0 for a in runs) / len(runs),
+            "longest_gamma": longest, "c": c, "v": v}
 
 
 def _variant(row: dict) -> tuple:
