@@ -242,6 +242,12 @@ def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
         seconds = row["seconds_per_prompt"]
         assert row["ours_over_hf_assisted"] == pytest.approx(sum(seconds[f"hf_{row['hf_schedule']}"])
                                                              / sum(seconds["ours"]))
+        # the decomposition: this loop on transformers' forwards, against both sides, paired by prompt
+        for key, other in (("over_hf_assisted", f"hf_{row['hf_schedule']}"), ("over_ours_fixed", "ours_fixed")):
+            low, high = row[f"ours_on_hf_models_{key}_ci95"]
+            value = row[f"ours_on_hf_models_{key}"]
+            assert low <= value + 1e-9 and value <= high + 1e-9
+            assert value == pytest.approx(sum(seconds[other]) / sum(seconds["ours_on_hf_models"]))
     for row in rows:  # greedy: every decoder emitted the target's greedy tokens
         if row["temperature"] == 0:
             assert all(row["greedy_outputs_equal"].values()), row["greedy_outputs_equal"]

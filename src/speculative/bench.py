@@ -741,7 +741,9 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     assisted generation supports), on one machine, in one run. For each temperature, every prompt is
     decoded in turn by: this engine at a fixed ``gamma`` (``ours``), its plain decoding
     (``ours_plain``), this engine on the exported models through :func:`hf.wrap` (``ours_on_hf_models``:
-    the same loop with transformers' forwards), ``generate`` without an assistant (``hf_plain``) and
+    the same loop with transformers' forwards, at the fixed ``gamma``; its rows give its speed over the
+    row's transformers schedule and over ``ours`` at the fixed ``gamma``, paired by prompt, with
+    intervals), ``generate`` without an assistant (``hf_plain``) and
     ``generate(assistant_model=...)`` under each schedule in ``schedules`` (:data:`hf.HF_SCHEDULES`;
     "fixed" drafts ``gamma``). Each call is timed whole (prefill included); the round repeats
     ``repeats`` times after a warm-up. At temperature 0 every decoder must emit the target's greedy
@@ -885,6 +887,12 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                         **(_peer_calls(tally, "ours_on_hf_models", "ours_on_hf_models") if with_wrapped else {}),
                         "seconds_per_prompt": {"ours": seconds[ours],
                                                **{n: seconds[n] for n in ("ours_plain", "hf_plain", hf)}}})
+            if with_wrapped:  # the decomposition at the fixed gamma: same loop, transformers' forwards
+                row["seconds_per_prompt"].update({"ours_fixed": seconds["ours"],
+                                                  "ours_on_hf_models": seconds["ours_on_hf_models"]})
+                for label, other in (("over_hf_assisted", hf), ("over_ours_fixed", "ours")):
+                    ratio, ratio_ci = _peer_ratio(tally, "ours_on_hf_models", other)
+                    row[f"ours_on_hf_models_{label}"], row[f"ours_on_hf_models_{label}_ci95"] = ratio, ratio_ci
             if temperature == 0:
                 row["greedy_outputs_equal"] = {n: greedy_equal[n]
                                                for n in (*ours_names, "hf_plain", hf) if n != "ours_plain"}
