@@ -576,9 +576,10 @@ def _interpolated(values: dict, k: int) -> float:
 
 
 def length_ceilings(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
-    """Return what a draft-length rule could gain at most, by the cost model, from a decode record's
-    fixed-gamma rows at (``batch``, ``temperature``): speedups over plain decoding before the loop's
-    overheads beyond its calibrated steps (efficiency 1).
+    """Return the cost model's prices of draft-length rules from a decode record's fixed-gamma rows at
+    (``batch``, ``temperature``): speedups over plain decoding with no overhead beyond the calibrated steps
+    (efficiency 1). Prices, not bounds: a run can fall short of them (overheads) or beat them (noise in
+    the calibration).
 
     ``fixed``: each fixed gamma's prediction (its run's tokens per target call over the calibrated block
     cost gamma c + v(gamma)), and ``best_fixed``, the gamma with the highest. ``clairvoyant``: a rule that
