@@ -167,8 +167,8 @@ def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
     assert make_policy("auto", calibration=costs, max_gamma=2).length((0.0, 0.0)) in (1, 2)
 
 
-def test_length_ceilings_price_the_fixed_lengths_and_a_clairvoyant_rule():
-    from speculative.bench import length_ceilings
+def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
+    from speculative.bench import length_prices
 
     def row(gamma, predicted, v, runs, **extra):
         return {"batch": 1, "temperature": 1.0, "gamma": gamma, "rule": "token", "drafts": 1, "predicted": predicted,
@@ -177,14 +177,14 @@ def test_length_ceilings_price_the_fixed_lengths_and_a_clairvoyant_rule():
     record = {"results": [row(1, 1.1, 1.2, [[0, 1]]), row(3, 1.3, 1.6, [[0, 1, 3, -1], [2]]),
                           row(3, 9.0, 1.6, [[3]], batch=4), row("auto", 9.0, 1.5, [[3]]),
                           row(2, 9.0, 1.4, [[2]], drafts=2)]}
-    out = length_ceilings(record, 1.0)
+    out = length_prices(record, 1.0)
     assert out["fixed"] == {1: 1.1, 3: 1.3} and out["best_fixed"] == 3 and out["longest_gamma"] == 3
     # runs 0, 1, 3, 2 from the longest gamma: a plain step; 1 draft at 0.1 + v(1) = 1.2; 3 drafts at 0.3 + 1.6;
     # 2 drafts at 0.2 + v(2), interpolated between v(1) and v(3) to 1.4
     assert out["clairvoyant"] == pytest.approx((1 + 2 + 4 + 3) / (1 + 1.3 + 1.9 + 1.6))
     assert out["clairvoyant_blocks"] == 4 and out["clairvoyant_skipped"] == 0.25
     with pytest.raises(ValueError, match="no fixed-gamma rows at batch 2"):
-        length_ceilings(record, 1.0, batch=2)
+        length_prices(record, 1.0, batch=2)
 
 
 # ---------------------------------------------------------------------------------------------------------

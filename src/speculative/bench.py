@@ -29,7 +29,7 @@ from .sampler import draw_randomness, reference_rejection_sample, rejection_samp
 from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["environment", "time_side_by_side", "bench_sampler", "bench_decode", "calibrate_steps", "per_plain_step",
-           "length_ceilings", "repeat_share", "write_record",
+           "length_prices", "repeat_share", "write_record",
            "format_sampler_table", "format_decode_table", "compare_variants", "SAMPLER_LEGEND", "DECODE_LEGEND",
            "bench_peer", "format_peer_table", "PEER_LEGEND", "speed_ratio"]
 
@@ -575,7 +575,7 @@ def _interpolated(values: dict, k: int) -> float:
     return _interpolate(sorted((int(g), float(x)) for g, x in values.items()), k)
 
 
-def length_ceilings(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
+def length_prices(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
     """Return the cost model's prices of draft-length rules from a decode record's fixed-gamma rows at
     (``batch``, ``temperature``): speedups over plain decoding with no overhead beyond the calibrated steps
     (efficiency 1). Prices, not bounds: a run can fall short of them (overheads) or beat them (noise in
