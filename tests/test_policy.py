@@ -172,17 +172,20 @@ def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
 
     def row(gamma, predicted, v, runs, **extra):
         return {"batch": 1, "temperature": 1.0, "gamma": gamma, "rule": "token", "drafts": 1, "predicted": predicted,
-                "calibration": {"c": 0.1, "v": v}, "accepted_per_block": runs, **extra}
+                "calibration": {"c": 0.1, "v": v}, "accepted_per_block": runs, "speedup": predicted / 2,
+                "speedup_ci95": [predicted / 3, predicted], "efficiency": 0.5, **extra}
 
-    record = {"results": [row(1, 1.1, 1.2, [[0, 1]]), row(3, 1.3, 1.6, [[0, 1, 3, -1], [2]]),
+    record = {"results": [row(1, 1.1, 1.2, [[0, 1]]), row(3, 1.3, 1.6, [[0, 1, 3, -1], [2, 3]]),
                           row(3, 9.0, 1.6, [[3]], batch=4), row("auto", 9.0, 1.5, [[3]]),
                           row(2, 9.0, 1.4, [[2]], drafts=2)]}
     out = length_prices(record, 1.0)
     assert out["fixed"] == {1: 1.1, 3: 1.3} and out["best_fixed"] == 3 and out["longest_gamma"] == 3
-    # runs 0, 1, 3, 2 from the longest gamma: a plain step; 1 draft at 0.1 + v(1) = 1.2; 3 drafts at 0.3 + 1.6;
-    # 2 drafts at 0.2 + v(2), interpolated between v(1) and v(3) to 1.4
-    assert out["clairvoyant"] == pytest.approx((1 + 2 + 4 + 3) / (1 + 1.3 + 1.9 + 1.6))
-    assert out["clairvoyant_blocks"] == 4 and out["clairvoyant_skipped"] == 0.25
+    # runs 0, 1, 3, 2, 3 from the longest gamma: a plain step; 1 draft at 0.1 + v(1) = 1.2; 3 drafts at
+    # 0.3 + 1.6 (the cap, twice); 2 drafts at 0.2 + v(2), interpolated between v(1) and v(3) to 1.4
+    assert out["clairvoyant"] == pytest.approx((1 + 2 + 4 + 3 + 4) / (1 + 1.3 + 1.9 + 1.6 + 1.9))
+    assert out["clairvoyant_blocks"] == 5 and out["clairvoyant_skipped"] == 0.2 and out["clairvoyant_capped"] == 0.4
+    assert out["speedup"] == {1: 0.55, 3: 0.65} and out["speedup_ci95"][3] == [1.3 / 3, 1.3]
+    assert out["efficiency"] == {1: 0.5, 3: 0.5} and out["v"] == {1: 1.2, 3: 1.6} and out["c"] == 0.1
     with pytest.raises(ValueError, match="no fixed-gamma rows at batch 2"):
         length_prices(record, 1.0, batch=2)
 

@@ -587,8 +587,11 @@ def length_prices(record: dict, temperature: float, batch: int = 1, rule: str = 
     draws not made yet), read from the blocks of the longest gamma's run: a block that accepted a >= 1
     drafts would have drafted exactly a, emitting a + 1 tokens at cost a c + v(a); one that accepted none
     would have skipped drafting for a plain step (one token, cost 1); one that accepted all would have
-    drafted all (its limit is the longest gamma). v between calibrated gammas is interpolated linearly.
-    An estimate, not a bound in law: blocks of other lengths would meet other contexts.
+    drafted all (its limit is the longest gamma; ``clairvoyant_capped`` is the share of blocks that hit
+    it). v between calibrated gammas is interpolated linearly. An estimate, not a bound in law: blocks of
+    other lengths would meet other contexts. Also returned, per fixed gamma, what the run measured:
+    ``speedup`` (with ``speedup_ci95``) and ``efficiency`` (speedup / price); and ``c`` and ``v``, the
+    calibration the prices use.
     """
     rows = {r["gamma"]: r for r in record["results"]
             if r["batch"] == batch and r["temperature"] == temperature and r.get("rule", "token") == rule
@@ -604,7 +607,10 @@ def length_prices(record: dict, temperature: float, batch: int = 1, rule: str = 
     fixed = {g: r["predicted"] for g, r in sorted(rows.items())}
     return {"fixed": fixed, "best_fixed": max(fixed, key=fixed.get), "clairvoyant": tokens / cost,
             "clairvoyant_blocks": len(runs), "clairvoyant_skipped": sum(a == 0 for a in runs) / len(runs),
-            "longest_gamma": longest, "c": c, "v": v}
+            "clairvoyant_capped": sum(a == longest for a in runs) / len(runs), "longest_gamma": longest,
+            "speedup": {g: r["speedup"] for g, r in sorted(rows.items())},
+            "speedup_ci95": {g: r["speedup_ci95"] for g, r in sorted(rows.items())},
+            "efficiency": {g: r["efficiency"] for g, r in sorted(rows.items())}, "c": c, "v": v}
 
 
 def _variant(row: dict) -> tuple:
