@@ -232,6 +232,34 @@ def test_block_sampler_follows_the_exact_block_law(vocab, gamma, seed):
         assert _fit(token_out.rows(), law).p_value < stats.FALSE_ALARM_RATE  # sabotage: the other rule fails
 
 
+def test_block_sampler_with_per_row_lengths_is_each_row_alone_draw_for_draw():
+    # a row of length L among longer padded rows is verified exactly as a call on its first L drafts
+    generator = torch.Generator().manual_seed(42)
+    batch, k, vocab = 600, 4, 5
+    p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=generator) * 2, -1).double()
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=generator) * 2, -1).double()
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=generator).reshape(batch, k)
+    lengths = torch.randint(1, k + 1, (batch,), generator=generator)
+    randomness = draw_randomness(batch, k, generator)
+    out = block_verify_sample(drafts, q, p, randomness=randomness, lengths=lengths)
+    seen = set()
+    for length in range(1, k + 1):
+        rows = (lengths == length).nonzero().squeeze(1)
+        alone = block_verify_sample(drafts[rows, :length], q[rows, :length], p[rows, :length + 1],
+                                    randomness=Randomness(randomness.uniforms[rows, :length + 1]))
+        assert torch.equal(out.num_accepted[rows], alone.num_accepted)
+        assert torch.equal(out.tokens[rows, :length + 1], alone.tokens)
+        assert bool((out.tokens[rows, length + 1:] == -1).all())
+        seen |= {(length, int(a)) for a in alone.num_accepted}
+    assert {(length, length) for length in range(1, k + 1)} <= seen and (k, 0) in seen  # bonus and rejection paths
+    full = block_verify_sample(drafts, q, p, randomness=randomness, lengths=torch.full((batch,), k))
+    assert torch.equal(full.tokens, block_verify_sample(drafts, q, p, randomness=randomness).tokens)
+    for bad in (torch.zeros(batch, dtype=torch.long), torch.full((batch,), k + 1),
+                torch.ones(batch + 1, dtype=torch.long)):
+        with pytest.raises(ValueError, match="lengths must"):
+            block_verify_sample(drafts, q, p, randomness=randomness, lengths=bad)
+
+
 def test_block_sampler_at_gamma_1_is_token_wise_draw_for_draw():
     generator = torch.Generator().manual_seed(40)
     batch, vocab = 512, 7

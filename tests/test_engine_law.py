@@ -227,3 +227,26 @@ def test_a_planted_cut_bug_is_caught(pair):
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
     result, _ = _fit(counts, law)
     assert result.rejects(), result
+
+
+@pytest.mark.parametrize("name", ["heuristic", "confidence"])
+def test_draft_length_policies_under_block_verification_follow_the_exact_law(pair, name):
+    # rule="block" with per-row lengths: each row's drafts verified as a block of its own length by the
+    # block sampler (lengths=...); the confidence stop included, which exact.adaptive_sequence_law allows
+    from speculative.policy import make_policy
+
+    prompt, length, rows = pair.prompts[1], 8, 3_000
+    law = _law(pair, prompt, TOP2, length)
+    policy = make_policy(name, gamma=3, max_gamma=6)
+    outputs = []
+
+    def decode(prompts, n, generator):
+        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, rule="block"))
+        return outputs[-1]
+
+    (counts,), _ = _sample(decode, [prompt], rows, length, seed=83)
+    result, probs = _fit(counts, law)
+    assert not result.rejects(), result
+    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
+    assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
+

@@ -59,6 +59,39 @@ def test_a_policy_that_looks_only_at_the_past_keeps_the_target_law_exactly(polic
                                                                                                     n_tokens)
 
 
+@pytest.mark.parametrize("policy", LAWFUL, ids=lambda p: p.name)
+@pytest.mark.parametrize("seed", range(4))
+def test_the_same_policies_keep_the_law_under_block_verification(policy, seed):
+    # each block verified by block verification (Sun et al.) at the length the policy chose, a confidence
+    # stop ending the chain early: not covered by Sun et al.'s proof (fixed lengths), shown here exactly
+    target, draft = RandomTableModel(3, seed), RandomTableModel(3, 100 + seed)
+    for n_tokens in (1, 2, 3):
+        assert adaptive_sequence_law(target, draft, (0,), n_tokens, policy, rule="block") == target_sequence_law(
+            target, (0,), n_tokens)
+
+
+def test_a_confidence_stop_really_changes_the_block_verification_law():
+    # the check above is not vacuous: the stop changes what one block emits, and how many tokens
+    from speculative.exact import block_verification_law, expected_length
+
+    stop = ConfidenceStop(threshold=0.4, max_gamma=3).stop_after
+    changed = 0
+    for seed in range(4):
+        target, draft = RandomTableModel(3, seed), RandomTableModel(3, 100 + seed)
+        stopped = block_verification_law(target, draft, (0,), 3, stop)
+        whole = block_verification_law(target, draft, (0,), 3)
+        changed += stopped != whole and expected_length(stopped) < expected_length(whole)
+    assert changed >= 2
+
+
+def test_the_block_rule_enumeration_refuses_a_peek_and_an_unknown_rule():
+    target, draft = RandomTableModel(3, 0), RandomTableModel(3, 100)
+    with pytest.raises(ValueError, match="peeks at the target"):
+        adaptive_sequence_law(target, draft, (0,), 2, PeekAtTargetLength(2), rule="block")
+    with pytest.raises(ValueError, match="unknown verification rule"):
+        adaptive_sequence_law(target, draft, (0,), 2, FixedLength(2), rule="tree")
+
+
 def test_the_lawful_policies_really_vary_the_length():
     # the proof above is not about constant lengths in disguise: each adaptive policy's blocks differ
     target, draft = RandomTableModel(3, 0), RandomTableModel(3, 100)
@@ -139,8 +172,9 @@ class _Broken(DraftPolicy):
 def test_bad_policies_and_settings_fail_with_one_line(pair):
     with pytest.raises(ValueError, match="draft lengths \\[5\\]; each must be an integer in \\[1, 4\\]"):
         speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, _Broken())
-    with pytest.raises(ValueError, match="token-wise rule"):
-        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, FixedLength(2), rule="block")
+    with pytest.raises(ValueError, match="pass either rule"):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, FixedLength(2), rule="block",
+                           sampler=lambda *a, **k: None)
     with pytest.raises(ValueError, match="integer >= 1 or a draft-length policy"):
         speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, "auto")
     with pytest.raises(ValueError, match="needs a calibration"):

@@ -248,16 +248,16 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     and, if all pass, its next token is drawn fresh from the target at position k + 1, exactly as a block
     of k drafts would end. A policy reads each row's outcome back to the host once per block, and a
     policy that stops on confidence once per draft step (to stop drafting when every row has stopped).
-    Policies need the token-wise rule (block verification's law depends on the block's length).
+    With block verification (``rule="block"``) the cut is the sampler's: it verifies each row's own
+    length as a block of that length (``sampler.block_verify_sample``'s ``lengths``; block verification
+    of k drafts is not the first k positions of a longer block's test). ``exact.adaptive_sequence_law``
+    with ``rule="block"`` checks the law of such policies, confidence stops included, by enumeration.
     """
     from .policy import DraftPolicy
 
     policy = gamma if isinstance(gamma, DraftPolicy) else None
     if policy is None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
         raise ValueError(f"gamma must be an integer >= 1 or a draft-length policy, got {gamma!r}")
-    if policy is not None and rule != "token":
-        raise ValueError("a draft-length policy needs the token-wise rule: block verification's law depends on "
-                         "the block's length")
     if sampler is None:
         sampler = rule_sampler(rule)
     elif rule != "token":
@@ -363,9 +363,14 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         # 3. accept a prefix and add the correction or bonus token; the inputs were made here, so the
         # sampler's value checks (each a host read) are off
         target_probs = logits_to_probs(target_logits, config, check=False)
-        out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False)
+        if policy is not None and rule == "block":  # each row verified as a block of its own length
+            out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False,
+                          lengths=row_gamma.clamp(max=block_gamma))
+        else:
+            out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False)
         num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)
-        if policy is not None:  # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
+        if policy is not None and rule == "token":
+            # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
             cut = (num_accepted >= row_gamma) & (row_gamma < block_gamma)
             rows_here = torch.arange(len(origin), device=device)
             fresh = _sample(target_probs[rows_here, row_gamma.clamp(max=block_gamma)], generator)
@@ -373,6 +378,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
             positions = torch.arange(block_gamma + 1, device=device).unsqueeze(0)
             emitted = torch.where(cut.unsqueeze(1) & (positions > row_gamma.unsqueeze(1)), -1, emitted)
             emitted = torch.where(cut.unsqueeze(1) & (positions == row_gamma.unsqueeze(1)), fresh.unsqueeze(1), emitted)
+        if policy is not None:
             outcome = torch.stack([active.long(), num_accepted, (num_accepted == row_gamma).long()]).tolist()
             for o, was_active, accepted, full in zip(origin_host, *outcome):
                 if was_active:

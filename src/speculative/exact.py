@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from .rule import normalized_residual, validate_distribution, validate_pair
 
@@ -190,7 +190,8 @@ def law_total_variation(first: dict, second: dict) -> Fraction:
 # --------------------------------------------------------------------------- beyond one draft
 
 
-def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, gamma: int) -> dict[tuple, Fraction]:
+def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, gamma: int,
+                           stop_after: Optional[Callable] = None, drafted: bool = False) -> dict[tuple, Fraction]:
     """Return the exact law of one block under *block verification* (Sun et al., ICLR 2025, Algorithm 2).
 
     The draft proposes x1..x_gamma from q. With p_0 = 1 and p_i = min(1, p_{i-1} * p(x_i) / q(x_i)) (each
@@ -201,12 +202,20 @@ def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, ga
     p when tau = gamma, else from the normalised weights max(p_tau * p(. | x_<=tau) - q(. | x_<=tau), 0).
     Unlike token-wise verification, a draft that would fail its own test can be kept when a later one is.
     Every draft sequence is enumerated (V^gamma of them), so keep V and gamma small.
+
+    ``stop_after(q)``, if given, stops drafting right after a drafted token whose draft probability is
+    ``q`` when it returns True (a confidence stop, as ``policy.ConfidenceStop``), and the block verifies
+    the k < gamma drafts it has as a block of k. Token-wise verification allows such a stop; the stop
+    keeps the law under block verification too, as the enumeration shows (chapter 07); it is not a
+    corollary of Sun et al.'s proof, which is for blocks of a fixed length. ``drafted=True`` keys the law
+    by ``(tokens, drafts verified)`` instead of the tokens alone.
     """
     _check_gamma(gamma)
     context = tuple(context)
     law: dict[tuple, Fraction] = defaultdict(Fraction)
 
     def finish(drafts: tuple, prob: Fraction) -> None:
+        gamma = len(drafts)  # shorter than asked for when a stop ended the drafting
         targets = [validate_distribution(target(context + drafts[:i]), "target") for i in range(gamma + 1)]
         drafts_q = [validate_distribution(draft(context + drafts[:i]), "draft") for i in range(gamma)]
         ratio = [Fraction(1)]
@@ -231,7 +240,8 @@ def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, ga
             final = targets[tau] if mass == 0 else [w / mass for w in final]  # mass 0 only at chance 0
             for token, f in enumerate(final):
                 if f:
-                    law[drafts[:tau] + (token,)] += prob * chance * f
+                    key = drafts[:tau] + (token,)
+                    law[(key, gamma) if drafted else key] += prob * chance * f
 
     def draw(drafts: tuple, prob: Fraction) -> None:
         if len(drafts) == gamma:
@@ -239,7 +249,10 @@ def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, ga
             return
         for token, q in enumerate(validate_distribution(draft(context + drafts), "draft")):
             if q:
-                draw(drafts + (token,), prob * q)
+                if stop_after is not None and len(drafts) + 1 < gamma and stop_after(q):
+                    finish(drafts + (token,), prob * q)
+                else:
+                    draw(drafts + (token,), prob * q)
 
     draw((), Fraction(1))
     return dict(law)
@@ -478,12 +491,23 @@ def adaptive_block_law(target: ToyModel, draft: ToyModel, context: tuple, policy
 
 
 def adaptive_sequence_law(target: ToyModel, draft: ToyModel, context: tuple, n_tokens: int,
-                          policy) -> dict[tuple, Fraction]:
+                          policy, rule: str = "token") -> dict[tuple, Fraction]:
     """Return the exact law of the first ``n_tokens`` tokens emitted by repeated blocks whose lengths
     ``policy`` chooses, its state carried from block to block (:func:`adaptive_block_law`). The policy
-    keeps the target's law exactly when this equals :func:`target_sequence_law`."""
+    keeps the target's law exactly when this equals :func:`target_sequence_law`.
+
+    ``rule="block"`` verifies each block by block verification (:func:`block_verification_law`) at the
+    length the policy chose; the policy is then told the block's accepted drafts (its emitted tokens
+    less one) and whether all were accepted. A policy that stops drafting on the draft's confidence stops
+    the chain here too (:func:`block_verification_law`'s ``stop_after``); one that peeks at the target is
+    refused."""
     if n_tokens < 1:
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    if rule not in ("token", "block"):
+        raise ValueError(f"unknown verification rule {rule!r}; known: token, block")
+    if rule == "block" and hasattr(policy, "verifies"):
+        raise ValueError(f"the policy {policy.describe()} peeks at the target; this enumeration runs such a policy "
+                         "with the token-wise rule only")
     context = tuple(context)
     law: dict[tuple, Fraction] = defaultdict(Fraction)
     blocks: dict[tuple, dict] = {}
@@ -494,9 +518,22 @@ def adaptive_sequence_law(target: ToyModel, draft: ToyModel, context: tuple, n_t
             return
         key = (emitted, state)
         if key not in blocks:
-            blocks[key] = adaptive_block_law(target, draft, context + emitted, policy, state)
+            blocks[key] = (adaptive_block_law(target, draft, context + emitted, policy, state) if rule == "token"
+                           else _adaptive_verification_block(target, draft, context + emitted, policy, state))
         for (tokens, next_state), block_prob in blocks[key].items():
             run(emitted + tokens, prob * block_prob, next_state)
 
     run((), Fraction(1), policy.start())
+    return dict(law)
+
+
+def _adaptive_verification_block(target: ToyModel, draft: ToyModel, context: tuple, policy, state) -> dict:
+    """One block verification block at the length ``policy`` chose in ``state``: (tokens, next state) -> prob."""
+    gamma = policy.length(state)
+    _check_gamma(gamma)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+    for (tokens, drafts), prob in block_verification_law(target, draft, context, gamma, policy.stop_after,
+                                                         drafted=True).items():
+        accepted = len(tokens) - 1
+        law[(tokens, policy.update(state, accepted, accepted == drafts))] += prob
     return dict(law)

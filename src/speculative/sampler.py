@@ -309,9 +309,15 @@ def block_verify_sample(
     randomness: Optional[Randomness] = None,
     check_values: bool = True,
     allow_zero_draft_prob: bool = False,
+    lengths: Optional[torch.Tensor] = None,
 ) -> SamplerOutput:
     """Verify the drafted blocks jointly (block verification, Sun et al., ICLR 2025): a drop-in for
     :func:`rejection_sample`, with its arguments, checks, randomness and output.
+
+    ``lengths`` (B,), each in 1 .. k, verifies row b's first ``lengths[b]`` drafts only, as a block of
+    that length (its last position is kept with probability p_L, the bonus token comes from p at L, and
+    later drafts are padding, never accepted), draw for draw as a call on the row's first L drafts alone
+    would: how a decoding loop whose rows drafted different lengths verifies them in one call.
 
     With p_0 = 1 and p_i = min(1, p_{i-1} * p(x_i) / q(x_i)), position i < k is kept when
     u_i * (m_i + 1 - p_i) < m_i, where m_i = sum_y max(p_i * p(y) - q(y), 0) at position i (always when
@@ -341,7 +347,8 @@ def block_verify_sample(
         running.append(current)
     running = torch.stack(running, 1)  # (B, k): p_1 .. p_k
     uniforms = randomness.uniforms
-    kept = [uniforms[:, k - 1] < running[:, k - 1]]  # position k: kept with probability p_k
+    last = uniforms[:, :k] < running  # (B, k): the rule of a block's last position, kept with probability p_i
+    kept = [last[:, k - 1]]  # position k
     if k > 1:
         compute = torch.float64 if target_probs.dtype == torch.float64 else torch.float32
         scaled = running[:, :k - 1].to(compute).unsqueeze(-1) * target_probs[:, 1:k].to(compute)
@@ -350,15 +357,33 @@ def block_verify_sample(
         kept = list(inner.unbind(1)) + kept
     kept = torch.stack(kept, 1)  # (B, k): position i + 1 kept?
     positions = torch.arange(1, k + 1, device=tokens.device)
+    if lengths is None:
+        ends = torch.full((batch,), k, dtype=torch.long, device=tokens.device)
+    else:
+        ends = _check_lengths(lengths, batch, k, check_values, tokens.device)
+        kept = torch.where(positions < ends.unsqueeze(1), kept,
+                           torch.where(positions == ends.unsqueeze(1), last, False))  # nothing past a row's end
     num_accepted = torch.where(kept, positions, 0).amax(dim=1)  # tau: the largest kept position, or 0
     rows = torch.arange(batch, device=tokens.device)
+    bonus = num_accepted == ends  # every draft of the row kept: the extra token comes from p
     p_final = target_probs.reshape(batch * (k + 1), vocab).index_select(0, rows * (k + 1) + num_accepted)
     q_final = draft_probs.reshape(batch * k, vocab).index_select(0, rows * k + num_accepted.clamp(max=k - 1))
-    q_final = q_final * (num_accepted < k).unsqueeze(1)  # tau = k: q = 0 and the weights are p (bonus token)
+    q_final = q_final * (~bonus).unsqueeze(1)  # the bonus token: q = 0 and the weights are p
     scale = torch.cat([torch.ones(batch, 1, dtype=torch.float64, device=tokens.device), running], 1)
     scale = scale.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # p_tau, with p_0 = 1
-    final = _inverse_cdf(p_final, q_final, uniforms[:, k], scale=torch.where(num_accepted < k, scale, 1.0))
-    return _emit(tokens, num_accepted, final)
+    # the uniform after a row's last position, as a block of its own length would use it
+    final = _inverse_cdf(p_final, q_final, uniforms.gather(1, ends.unsqueeze(1)).squeeze(1),
+                         scale=torch.where(bonus, 1.0, scale))
+    return _emit(tokens, num_accepted, final)  # tau <= a row's end: its padding is never emitted
+
+
+def _check_lengths(lengths: torch.Tensor, batch: int, k: int, check_values: bool, device) -> torch.Tensor:
+    if not isinstance(lengths, torch.Tensor) or lengths.shape != (batch,) or lengths.dtype not in (torch.int64,
+                                                                                                   torch.int32):
+        raise ValueError(f"lengths must be an integer tensor of shape ({batch},)")
+    if check_values and bool(((lengths < 1) | (lengths > k)).any()):
+        raise ValueError(f"lengths must lie in [1, {k}], the drafts of each row")
+    return lengths.to(device).long()
 
 
 #: The verification rules a decoding loop can use, by name (each with :func:`rejection_sample`'s signature).
