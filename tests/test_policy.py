@@ -236,16 +236,17 @@ def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
     out = tmp_path / "auto.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2,auto", "--temperature", "0,1",
                  "--batch", "1,2", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
-                 "--out", str(out)]) == 0
+                 "--rule", "token,block", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     auto = [r for r in rows if r["gamma"] == "auto"]
-    assert len(auto) == 4 and all(1 <= r["mean_gamma"] <= 8 and r["predicted"] > 0 for r in auto)
+    assert sorted(r["rule"] for r in auto) == ["block"] * 4 + ["token"] * 4  # the cost model under either rule
+    assert all(1 <= r["mean_gamma"] <= 8 and r["predicted"] > 0 for r in auto)
     assert all(r["v_isolated"] is None for r in auto) and all(r["v_isolated"] > 0 for r in rows if r["gamma"] == 2)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "decode", "--gamma", "auto", "--rule", "block"], "token-wise rule"),
     (["bench", "peer", "--policies", "best"], "expected distinct names among fixed, heuristic, confidence, auto"),
+    (["bench", "peer", "--policies", "auto+tree"], "each optionally with +block"),
 ])
 def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_path):
     from speculative.__main__ import main
@@ -267,13 +268,33 @@ def test_bench_peer_races_every_policy(tmp_path):
 
     out = tmp_path / "peer.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "1",
-                 "--schedules", "fixed", "--policies", "fixed,heuristic,confidence,auto", "--no-progress",
+                 "--schedules", "fixed", "--policies", "fixed,heuristic,confidence,auto,auto+block", "--no-progress",
                  "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
-    assert sorted(r["policy"] for r in rows) == ["auto", "confidence", "fixed", "heuristic"]
+    assert sorted(r["policy"] for r in rows) == ["auto", "auto+block", "confidence", "fixed", "heuristic"]
+    assert [r["rule"] for r in rows if r["policy"] == "auto+block"] == ["block"]
+    assert all(r["rule"] == "token" for r in rows if r["policy"] != "auto+block")
     for row in rows:
         low, high = row["ours_over_hf_assisted_ci95"]
         assert low <= row["ours_over_hf_assisted"] <= high and row["ours_tokens_per_s"] > 0
         assert row["ours_over_hf_assisted"] == pytest.approx(sum(row["seconds_per_prompt"]["hf_fixed"])
                                                              / sum(row["seconds_per_prompt"]["ours"]))
-    assert len({r["ours_tokens_per_s"] for r in rows}) == 4  # four decoders, not one reported four times
+    assert len({r["ours_tokens_per_s"] for r in rows}) == 5  # five decoders, not one reported five times
+
+
+def test_the_race_decodes_a_block_policy_by_block_verification(pair):
+    # bench peer's decoder for "auto+block" really runs the block rule: the same seed gives the block rule's
+    # tokens, not the token-wise rule's
+    from speculative.bench import _ours, split_policy
+
+    config = SamplingConfig(temperature=1.0)
+    policy = make_policy("heuristic", gamma=4, max_gamma=8)
+    generator = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    rule = split_policy("heuristic+block")[1]
+    raced = _ours(pair, policy, config, generator, rule, pair.prompts[4], 48).tokens
+    prompt = [pair.prompts[4]]
+    block = speculative_decode(pair.target, pair.draft, prompt, 48, policy, config, generator(), rule="block")
+    token = speculative_decode(pair.target, pair.draft, prompt, 48, policy, config, generator())
+    assert raced == block.tokens and raced != token.tokens
+    with pytest.raises(ValueError, match="unknown verification rule 'tree'"):
+        split_policy("auto+tree")

@@ -70,8 +70,10 @@ def _policies(text: str) -> list[str]:
     from .policy import POLICIES
 
     names = [t.strip() for t in text.split(",")]
-    if any(n not in POLICIES for n in names) or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(POLICIES)}, got {text!r}")
+    if len(set(names)) != len(names) or any(n.partition("+")[0] not in POLICIES or n.partition("+")[2] not in
+                                            ("", "block") for n in names):
+        raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(POLICIES)}, each optionally "
+                                         f"with +block (block verification), got {text!r}")
     return names
 
 
@@ -184,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--schedules", type=_schedules, default=["default", "fixed"], metavar="S[,S...]",
                       help="transformers' draft-length schedules: default, fixed, heuristic")
     peer.add_argument("--policies", type=_policies, default=["fixed"], metavar="P[,P...]",
-                      help="this engine's draft-length policies: fixed (at --gamma), heuristic, confidence, auto")
+                      help="this engine's draft-length policies: fixed (at --gamma), heuristic, confidence, auto; "
+                           "name+block verifies by block verification (e.g. auto+block)")
     peer.add_argument("--prompts", type=_int, default=32, help="held-out prompts, each decoded by every decoder")
     peer.add_argument("--max-new-tokens", type=_int, default=128, help="tokens generated per prompt")
     peer.add_argument("--repeats", type=_int, default=2, help="timed rounds over the prompts, after a warm-up")

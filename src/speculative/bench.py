@@ -378,8 +378,6 @@ def bench_decode(
     fixed = [g for g in gammas if g != "auto"]
     if any(isinstance(g, bool) or not isinstance(g, int) for g in fixed) or len(set(gammas)) != len(gammas):
         raise ValueError(f"gammas must be distinct integers >= 1 or 'auto', got {gammas}")
-    if auto and "token" not in rules:
-        raise ValueError("gamma 'auto' runs with the token-wise rule: add token to the rules")
     longest_block = max(fixed + ([defaults.AUTO_MAX_GAMMA] if auto else []), default=1)
     calibrated = sorted(set(fixed) | (set(range(1, defaults.AUTO_MAX_GAMMA + 1)) if auto else set()))
     from .sampler import rule_sampler
@@ -400,7 +398,7 @@ def bench_decode(
     _check_scheme(scheme)
     # multi-draft runs are labelled rule "chains" and run for every k in ``drafts``, k = 1 included, so that
     # chains are compared with chains (the same loop) as well as with the single-chain loop
-    variants = [(g, rule, 1) for g in gammas for rule in rules if g != "auto" or rule == "token"]
+    variants = [(g, rule, 1) for g in gammas for rule in rules]
     if max(drafts) > 1:
         variants += [(g, "chains", k) for g in fixed for k in drafts]
     device = pair.target.device
@@ -778,8 +776,10 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     from .transforms import SamplingConfig
 
     temperatures, schedules, policies = list(temperatures), list(schedules), list(policies)
-    if not policies or any(p not in POLICIES for p in policies) or len(set(policies)) != len(policies):
-        raise ValueError(f"policies must be distinct names among {', '.join(POLICIES)}, got {policies}")
+    if not policies or len(set(policies)) != len(policies) or any(
+            split_policy(p)[0] not in POLICIES for p in policies):
+        raise ValueError(f"policies must be distinct names among {', '.join(POLICIES)}, each optionally with "
+                         f"+block, got {policies}")
     for name, value in (("gamma", gamma), ("prompts", prompts), ("max_new_tokens", max_new_tokens),
                         ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -802,7 +802,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
         wrapped = (wrap(hf_target), wrap(hf_draft))
     else:  # ours already runs transformers' forwards: no third variant
         hf_target, hf_draft = pair.target.model, pair.draft.model
-    keys = {p: "ours" if p == "fixed" else f"ours_{p}" for p in policies}  # each policy's decoder
+    keys = {p: "ours" if p == "fixed" else f"ours_{p.replace('+', '_')}" for p in policies}  # each one's decoder
     with_wrapped = shipped and "fixed" in policies
     ours_names = [*keys.values(), "ours_plain", *(["ours_on_hf_models"] if with_wrapped else [])]
     names = [*ours_names, "hf_plain", *[f"hf_{s}" for s in schedules]]
@@ -810,7 +810,8 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     def decoders(config, run_seed, lengths):
         generator = lambda: torch.Generator(device=device).manual_seed(run_seed)  # noqa: E731
         t = config.temperature
-        out = {keys[p]: functools.partial(_ours, pair, lengths[p], config, generator) for p in policies}
+        out = {keys[p]: functools.partial(_ours, pair, lengths[p], config, generator, split_policy(p)[1])
+               for p in policies}
         out.update({"ours_plain": lambda r, n: plain_decode(pair.target, [r], n, config, generator()),
                     "hf_plain": lambda r, n: plain_generate(hf_target, r, n, t, run_seed)})
         if with_wrapped:
@@ -828,12 +829,17 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     greedy_equal = {}
     for temperature in temperatures:
         config = SamplingConfig(temperature=temperature)
-        lengths = {"fixed": gamma, "heuristic": make_policy("heuristic", gamma, max_gamma=defaults.PEER_MAX_GAMMA),
-                   "confidence": make_policy("confidence", max_gamma=defaults.PEER_MAX_GAMMA)}
-        if "auto" in policies:  # calibrated at this temperature, before any timed run
-            calibration = calibrate_steps(pair, rows[:1], list(range(1, defaults.AUTO_MAX_GAMMA + 1)), config,
-                                          max_new_tokens, seed=seed)
-            lengths["auto"] = make_policy("auto", calibration=calibration, max_gamma=defaults.AUTO_MAX_GAMMA)
+        lengths = {}
+        for p in policies:
+            base, rule = split_policy(p)
+            if base == "fixed":
+                lengths[p] = gamma
+            elif base == "auto":  # calibrated at this temperature and rule, before any timed run
+                calibration = calibrate_steps(pair, rows[:1], list(range(1, defaults.AUTO_MAX_GAMMA + 1)), config,
+                                              max_new_tokens, seed=seed, rule=rule)
+                lengths[p] = make_policy("auto", calibration=calibration, max_gamma=defaults.AUTO_MAX_GAMMA)
+            else:
+                lengths[p] = make_policy(base, gamma, max_gamma=defaults.PEER_MAX_GAMMA)
         for run in decoders(config, seed, lengths).values():  # warm-up, not timed
             run(rows[0], 16)
         seconds = {n: [0.0] * prompts for n in names}
@@ -878,8 +884,10 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
             over_hf, over_hf_ci = _peer_ratio(tally, ours, hf)
             speedup, speedup_ci = _peer_ratio(tally, ours, "ours_plain")
             hf_speedup, hf_speedup_ci = _peer_ratio(tally, hf, "hf_plain")
-            row = {"temperature": temperature, "batch": 1, "policy": policy_name, "gamma": gamma,
-                   "policy_described": lengths[policy_name].describe() if policy_name != "fixed" else f"fixed {gamma}",
+            base, rule = split_policy(policy_name)
+            described = lengths[policy_name].describe() if base != "fixed" else f"fixed {gamma}"
+            row = {"temperature": temperature, "batch": 1, "policy": policy_name, "rule": rule, "gamma": gamma,
+                   "policy_described": described + (", block verification" if rule == "block" else ""),
                    "hf_schedule": schedule, "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
                    **_as_ours(_peer_rate(tally, ours), ours),
                    **{k: v for name in ("ours_plain", "hf_plain", *(["ours_on_hf_models"] if with_wrapped else []))
@@ -928,10 +936,20 @@ def _as_ours(fields: dict, key: str) -> dict:
     return {"ours" + k[len(key):]: v for k, v in fields.items()}
 
 
-def _ours(pair, length, config, generator, prompt, n):
+def _ours(pair, length, config, generator, rule, prompt, n):
     from .decode import speculative_decode
 
-    return speculative_decode(pair.target, pair.draft, [prompt], n, length, config, generator())
+    return speculative_decode(pair.target, pair.draft, [prompt], n, length, config, generator(), rule=rule)
+
+
+def split_policy(name: str) -> tuple[str, str]:
+    """Return (policy, verification rule) of a raced policy's name: ``auto`` -> (auto, token), ``auto+block``
+    -> (auto, block)."""
+    base, _, rule = name.partition("+")
+    rule = rule or "token"
+    if rule not in ("token", "block"):
+        raise ValueError(f"unknown verification rule {rule!r} in policy {name!r}; known: token, block")
+    return base, rule
 
 
 def _assisted(target, draft, temperature, schedule, gamma, seed, prompt, n):
