@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 __all__ = ["DraftPolicy", "FixedLength", "HeuristicSchedule", "ConfidenceStop", "CostModelPolicy",
-           "POLICIES", "make_policy", "expected_tokens"]
+           "POLICIES", "make_policy", "expected_tokens", "isotonic"]
 
 
 class DraftPolicy:
@@ -146,9 +146,13 @@ class CostModelPolicy(DraftPolicy):
 
     ``c`` is a draft step and ``v[k]`` a verification over k + 1 positions, both in plain steps (as
     ``bench.calibrate_steps`` measures them; a k missing from ``v`` is interpolated linearly, and held
-    flat past the last). alpha is the row's running acceptance rate: accepted / tested drafts, with each
-    earlier block's counts discounted by ``decay`` and a prior of ``prior_weight`` tested drafts at
-    ``prior_alpha``. The state is (accepted, tested), discounted.
+    flat past the last). A verification over more positions does not cost less, but timings on a shared
+    machine can say it does (a calibration here once gave v(1) = 1.50 and v(4) = 1.38); the policy would
+    then chase the noise and favour the falsely cheap length. So the given costs are replaced by their
+    non-decreasing least-squares fit (isotonic regression, pool-adjacent-violators) before use, and the
+    fit is kept in ``v_fitted``. alpha is the row's running acceptance rate: accepted / tested drafts,
+    with each earlier block's counts discounted by ``decay`` and a prior of ``prior_weight`` tested
+    drafts at ``prior_alpha``. The state is (accepted, tested), discounted.
     """
 
     c: float
@@ -159,6 +163,7 @@ class CostModelPolicy(DraftPolicy):
     decay: float = 0.9
     name: str = "auto"
     _costs: list = field(init=False, repr=False)
+    v_fitted: dict = field(init=False, repr=False)
 
     def __post_init__(self):
         _check_length("max_gamma", self.max_gamma)
@@ -169,6 +174,8 @@ class CostModelPolicy(DraftPolicy):
             raise ValueError(f"v must map draft lengths to positive costs, got {dict(self.v)!r}")
         if not (0 <= self.prior_alpha <= 1 and self.prior_weight > 0 and 0 < self.decay <= 1):
             raise ValueError("need 0 <= prior_alpha <= 1, prior_weight > 0 and 0 < decay <= 1")
+        known = list(zip([k for k, _ in known], isotonic([value for _, value in known])))
+        self.v_fitted = dict(known)
         self._costs = [k * self.c + _interpolate(known, k) for k in range(1, self.max_gamma + 1)]
 
     def start(self):
@@ -189,6 +196,17 @@ class CostModelPolicy(DraftPolicy):
 
     def describe(self) -> str:
         return f"auto (cost model, at most {self.max_gamma})"
+
+
+def isotonic(values: list) -> list:
+    """Return the non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators)."""
+    blocks = []  # [mean, count] of pooled runs
+    for value in values:
+        blocks.append([float(value), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_a, n_a), (mean_b, n_b) = blocks[-2], blocks.pop()
+            blocks[-1] = [(mean_a * n_a + mean_b * n_b) / (n_a + n_b), n_a + n_b]
+    return [mean for mean, count in blocks for _ in range(count)]
 
 
 def _interpolate(known: list, k: int) -> float:
