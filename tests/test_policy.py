@@ -298,6 +298,14 @@ def test_bench_peer_races_every_policy(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert sorted(r["policy"] for r in rows) == ["auto", "auto+block", "confidence", "fixed", "heuristic"]
     assert [r["rule"] for r in rows if r["policy"] == "auto+block"] == ["block"]
+    for row in rows:  # the cost model's rows keep its calibration, the fit it chose by included
+        if row["policy"].startswith("auto"):
+            calibration = row["calibration"]
+            fitted = [calibration["v_fitted"][k] for k in sorted(calibration["v_fitted"], key=int)]
+            assert calibration["rule"] == row["rule"] and calibration["c"] > 0 and len(fitted) == 8, calibration
+            assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+        else:
+            assert "calibration" not in row
     assert all(r["rule"] == "token" for r in rows if r["policy"] != "auto+block")
     for row in rows:
         low, high = row["ours_over_hf_assisted_ci95"]

@@ -758,8 +758,10 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     its own: ``fixed`` at ``gamma`` (the decoder ``ours``), ``heuristic`` (transformers' schedule,
     starting at ``gamma``) and ``confidence`` (transformers' default threshold), both allowed up to
     :data:`defaults.PEER_MAX_GAMMA` drafts as transformers' default allows, and ``auto`` (the cost model,
-    calibrated at this temperature before the runs, up to :data:`defaults.AUTO_MAX_GAMMA`). In each row
-    the ``ours_*`` fields are those of the row's policy.
+    calibrated at this temperature before the runs, up to :data:`defaults.AUTO_MAX_GAMMA`; its rows keep
+    that ``calibration``: c, v, the non-decreasing fit it chose by, and the rule). A name with ``+block``
+    (``auto+block``) runs the policy under block verification, calibrated with that rule. In each row
+    the ``ours_*`` fields are those of the row's policy, and ``rule`` its verification rule.
 
     ``pair`` may also be a wrapped transformers pair (:func:`hf.pair`, :func:`hf.load_pair`): then
     ``ours`` runs this engine on the wrapped models, transformers runs the models themselves, and there
@@ -829,7 +831,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     greedy_equal = {}
     for temperature in temperatures:
         config = SamplingConfig(temperature=temperature)
-        lengths = {}
+        lengths, calibrations = {}, {}  # the cost model's calibration, recorded in its rows
         for p in policies:
             base, rule = split_policy(p)
             if base == "fixed":
@@ -838,6 +840,8 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
                 calibration = calibrate_steps(pair, rows[:1], list(range(1, defaults.AUTO_MAX_GAMMA + 1)), config,
                                               max_new_tokens, seed=seed, rule=rule)
                 lengths[p] = make_policy("auto", calibration=calibration, max_gamma=defaults.AUTO_MAX_GAMMA)
+                calibrations[p] = {"rule": rule, "c": calibration["c"], "v": calibration["v"],
+                                   "v_fitted": lengths[p].v_fitted, "v_from_alone": calibration.get("v_from_alone", [])}
             else:
                 lengths[p] = make_policy(base, gamma, max_gamma=defaults.PEER_MAX_GAMMA)
         for run in decoders(config, seed, lengths).values():  # warm-up, not timed
@@ -888,6 +892,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
             described = lengths[policy_name].describe() if base != "fixed" else f"fixed {gamma}"
             row = {"temperature": temperature, "batch": 1, "policy": policy_name, "rule": rule, "gamma": gamma,
                    "policy_described": described + (", block verification" if rule == "block" else ""),
+                   **({"calibration": calibrations[policy_name]} if policy_name in calibrations else {}),
                    "hf_schedule": schedule, "prompts": prompts, "repeats": repeats, "max_new_tokens": max_new_tokens,
                    **_as_ours(_peer_rate(tally, ours), ours),
                    **{k: v for name in ("ours_plain", "hf_plain", *(["ours_on_hf_models"] if with_wrapped else []))
