@@ -249,4 +249,5 @@ def test_draft_length_policies_under_block_verification_follow_the_exact_law(pai
     assert not result.rejects(), result
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
     assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
-
+    # each row was verified at its own length: never more accepted than it drafted for itself
+    assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for out in outputs for a, s in zip(out.accepted, out.lengths))

@@ -272,6 +272,7 @@ def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["bench", "peer", "--policies", "best"], "expected distinct names among fixed, heuristic, confidence, auto"),
     (["bench", "peer", "--policies", "auto+tree"], "each optionally with +block"),
+    (["bench", "peer", "--policies", "auto,auto+"], "each optionally with +block"),
 ])
 def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_path):
     from speculative.__main__ import main
@@ -331,3 +332,16 @@ def test_the_race_decodes_a_block_policy_by_block_verification(pair):
     assert raced == block.tokens and raced != token.tokens
     with pytest.raises(ValueError, match="unknown verification rule 'tree'"):
         split_policy("auto+tree")
+
+
+def test_under_block_verification_each_row_is_verified_at_its_own_length(pair):
+    # rows of one batch with different lengths: none accepts more drafts than it asked for, though the
+    # batch drafted up to the longest (the sampler's lengths=, not the padded block, decides)
+    policy = make_policy("heuristic", gamma=2, max_gamma=8)
+    prompts = [pair.prompts[0], pair.prompts[5], pair.prompts[9], pair.prompts[12]]
+    out = speculative_decode(pair.target, pair.draft, prompts, 64, policy, SamplingConfig(temperature=1.0),
+                             torch.Generator().manual_seed(3), rule="block")
+    mixed = [s for s in out.lengths if len(set(s[s >= 0].tolist())) > 1]
+    assert mixed  # some block had rows of different lengths
+    assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for a, s in zip(out.accepted, out.lengths))
+    assert any(bool((a[s >= 0] == s[s >= 0]).any()) for a, s in zip(out.accepted, out.lengths))

@@ -67,11 +67,15 @@ def _gammas(text: str) -> list:
 
 
 def _policies(text: str) -> list[str]:
+    from .bench import split_policy
     from .policy import POLICIES
 
     names = [t.strip() for t in text.split(",")]
-    if len(set(names)) != len(names) or any(n.partition("+")[0] not in POLICIES or n.partition("+")[2] not in
-                                            ("", "block") for n in names):
+    try:
+        parsed = [split_policy(n) for n in names]
+    except ValueError:
+        parsed = []
+    if len(parsed) != len(names) or len(set(parsed)) != len(names) or any(b not in POLICIES for b, _ in parsed):
         raise argparse.ArgumentTypeError(f"expected distinct names among {', '.join(POLICIES)}, each optionally "
                                          f"with +block (block verification), got {text!r}")
     return names

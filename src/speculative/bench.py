@@ -778,7 +778,7 @@ def bench_peer(pair, temperatures: Iterable[float] = (0.0, 1.0), gamma: int = 4,
     from .transforms import SamplingConfig
 
     temperatures, schedules, policies = list(temperatures), list(schedules), list(policies)
-    if not policies or len(set(policies)) != len(policies) or any(
+    if not policies or len({split_policy(p) for p in policies}) != len(policies) or any(
             split_policy(p)[0] not in POLICIES for p in policies):
         raise ValueError(f"policies must be distinct names among {', '.join(POLICIES)}, each optionally with "
                          f"+block, got {policies}")
@@ -949,12 +949,14 @@ def _ours(pair, length, config, generator, rule, prompt, n):
 
 def split_policy(name: str) -> tuple[str, str]:
     """Return (policy, verification rule) of a raced policy's name: ``auto`` -> (auto, token), ``auto+block``
-    -> (auto, block)."""
-    base, _, rule = name.partition("+")
-    rule = rule or "token"
-    if rule not in ("token", "block"):
-        raise ValueError(f"unknown verification rule {rule!r} in policy {name!r}; known: token, block")
-    return base, rule
+    -> (auto, block). The token-wise rule is the default and is never spelled out, so each decoder has one
+    name."""
+    if not isinstance(name, str):
+        raise ValueError(f"a policy name must be a string, got {name!r}")
+    base, plus, rule = name.partition("+")
+    if plus and rule != "block":
+        raise ValueError(f"unknown verification rule {rule!r} in policy {name!r}; the only suffix is +block")
+    return base, rule or "token"
 
 
 def _assisted(target, draft, temperature, schedule, gamma, seed, prompt, n):
@@ -988,7 +990,8 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
     if several:
         headers.insert(2, "ours: policy")
     env = record["environment"]
-    notes = [PEER_LEGEND, f"ours: token-wise, fixed gamma {record['config']['gamma']} unless a policy is named; "
+    notes = [PEER_LEGEND, f"ours: token-wise unless block verification is named, fixed gamma "
+             f"{record['config']['gamma']} unless a policy is named; "
              "batch 1; "
              f"{record['config']['prompts']} prompts x {record['config']['repeats']} repeats, "
              f"{record['config']['max_new_tokens']} new tokens; transformers {env['transformers']}, "

@@ -152,7 +152,9 @@ class CostModelPolicy(DraftPolicy):
     non-decreasing least-squares fit (isotonic regression, pool-adjacent-violators) before use, and the
     fit is kept in ``v_fitted``. alpha is the row's running acceptance rate: accepted / tested drafts,
     with each earlier block's counts discounted by ``decay`` and a prior of ``prior_weight`` tested
-    drafts at ``prior_alpha``. The state is (accepted, tested), discounted.
+    drafts at ``prior_alpha``. The state is (accepted, tested), discounted. Under block verification the
+    same counts are taken from each block's outcome; there a draft's acceptance is not an independent
+    event, so the estimate is a heuristic plug-in, not the rule's expected tokens.
     """
 
     c: float
