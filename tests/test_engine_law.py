@@ -188,10 +188,14 @@ def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
     assert roots_rejected > 50 and chains_used > 50  # both paths of the root were exercised
 
 
-@pytest.mark.parametrize("name", ["heuristic", "confidence", "auto"])
-def test_draft_length_policies_follow_the_exact_law(pair, name):
+@pytest.mark.parametrize("name, rule, seed", [("heuristic", "token", 61), ("confidence", "token", 61),
+                                              ("auto", "token", 61), ("heuristic", "block", 83),
+                                              ("confidence", "block", 83)])
+def test_draft_length_policies_follow_the_exact_law(pair, name, rule, seed):
     # lengths chosen per row from each row's past (speculative.policy): rows of one batch draft up to the
-    # longest, and a shorter row's verification is cut at its own length, with its last token from p there
+    # longest; token-wise, a shorter row's verification is cut at its own length, with its last token from p
+    # there; under block verification the block sampler verifies each row as a block of its own length
+    # (lengths=...), the confidence stop included, which exact.adaptive_sequence_law allows
     from speculative.policy import make_policy
 
     prompt, length, rows = pair.prompts[1], 8, 3_000
@@ -200,15 +204,17 @@ def test_draft_length_policies_follow_the_exact_law(pair, name):
     outputs = []
 
     def decode(prompts, n, generator):
-        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator))
+        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, rule=rule))
         return outputs[-1]
 
-    (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
+    (counts,), _ = _sample(decode, [prompt], rows, length, seed=seed)
     result, probs = _fit(counts, law)
     assert not result.rejects(), result
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
     # the cut path ran: in some block, rows of one batch had different lengths
     assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
+    # each row was verified at its own length: never more accepted than it drafted for itself
+    assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for out in outputs for a, s in zip(out.accepted, out.lengths))
 
 
 def test_a_planted_cut_bug_is_caught(pair):
@@ -227,27 +233,3 @@ def test_a_planted_cut_bug_is_caught(pair):
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
     result, _ = _fit(counts, law)
     assert result.rejects(), result
-
-
-@pytest.mark.parametrize("name", ["heuristic", "confidence"])
-def test_draft_length_policies_under_block_verification_follow_the_exact_law(pair, name):
-    # rule="block" with per-row lengths: each row's drafts verified as a block of its own length by the
-    # block sampler (lengths=...); the confidence stop included, which exact.adaptive_sequence_law allows
-    from speculative.policy import make_policy
-
-    prompt, length, rows = pair.prompts[1], 8, 3_000
-    law = _law(pair, prompt, TOP2, length)
-    policy = make_policy(name, gamma=3, max_gamma=6)
-    outputs = []
-
-    def decode(prompts, n, generator):
-        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, rule="block"))
-        return outputs[-1]
-
-    (counts,), _ = _sample(decode, [prompt], rows, length, seed=83)
-    result, probs = _fit(counts, law)
-    assert not result.rejects(), result
-    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
-    assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
-    # each row was verified at its own length: never more accepted than it drafted for itself
-    assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for out in outputs for a, s in zip(out.accepted, out.lengths))
