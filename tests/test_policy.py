@@ -269,6 +269,37 @@ def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
     assert all(r["v_isolated"] is None for r in auto) and all(r["v_isolated"] > 0 for r in rows if r["gamma"] == 2)
 
 
+def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_dir, tmp_path, monkeypatch):
+    """The auto row's prediction prices its blocks with the calibration's non-decreasing fit (what the
+    policy chooses by), not the raw timings: a calibration made to time v(2) falsely cheap shows which."""
+    import json
+
+    import speculative.bench as bench
+    from speculative.__main__ import main
+
+    real = bench.calibrate_steps
+
+    def noisy(*args, **kwargs):  # v(2) timed at half of v(1): a violation the fit pools away
+        calibration = real(*args, **kwargs)
+        return {**calibration, "v": {**calibration["v"], 2: calibration["v"][1] / 2}}
+
+    monkeypatch.setattr(bench, "calibrate_steps", noisy)
+    out = tmp_path / "auto.json"
+    assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "auto", "--temperature", "1",
+                 "--batch", "1", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    fitted = {int(k): x for k, x in row["calibration"]["v_fitted"].items()}
+    assert fitted[1] == fitted[2]  # pooled: v(1) and v(2) share their mean
+    assert all(a <= b for a, b in zip(list(fitted.values()), list(fitted.values())[1:]))
+    counts = {int(k): n for k, n in row["block_lengths"].items()}
+    priced = sum(n * bench._interpolated(fitted, k) for k, n in counts.items()) / sum(counts.values())
+    assert row["calibration"]["v"] == pytest.approx(priced, rel=1e-12)
+    assert row["mean_gamma"] == pytest.approx(sum(k * n for k, n in counts.items()) / sum(counts.values()))
+    assert row["predicted"] == pytest.approx(
+        row["tokens_per_target_forward"] / (row["mean_gamma"] * row["calibration"]["c"] + priced))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "peer", "--policies", "best"], "expected distinct names among fixed, heuristic, confidence, auto"),
     (["bench", "peer", "--policies", "auto+tree"], "each optionally with +block"),

@@ -9,6 +9,7 @@ a number was measured on.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import itertools
@@ -356,7 +357,8 @@ def bench_decode(
     charged for it); tokens per active block; the **prediction** tokens_per_target_forward /
     (gamma c + v) with c and v from the calibration, and the **efficiency** speedup / prediction. The
     prediction uses this run's tokens per call but none of its timings (for ``gamma="auto"``, also this
-    run's block lengths, each priced from the calibration). Kept apart, under their own
+    run's block lengths, counted in ``block_lengths`` and each priced from the calibration's non-decreasing
+    fit, ``calibration["v_fitted"]``, the costs the policy chose by). Kept apart, under their own
     names: c and v timed in situ (every forward timed inside the runs on a CPU, in one extra run on
     CUDA), the *decomposition* tokens_per_target_forward / (gamma c + v) from them, and the
     *in-situ share* speedup / decomposition, which on a CPU equals (plain decode seconds / plain forward
@@ -495,11 +497,13 @@ def bench_decode(
                 if gamma == "auto":  # each block drafts its longest row's length: cost it block by block
                     blocks = [int(size.max()) for r in spec_all for size in r.lengths if int(size.max()) > 0]
                     block_gamma = statistics.mean(blocks)
-                    v_cal = statistics.mean(_interpolated(calibration["v"], k) for k in blocks)
+                    # with the costs the policy chose by: the calibration's non-decreasing fit
+                    fitted = make_policy("auto", calibration=calibration, max_gamma=defaults.AUTO_MAX_GAMMA).v_fitted
+                    v_cal = statistics.mean(_interpolated(fitted, k) for k in blocks)
                     alpha = measured_acceptance_rate([torch.stack(r.accepted) for r in spec_all],
                                                      [torch.stack(r.lengths) for r in spec_all])
                 else:
-                    block_gamma, v_cal = gamma, calibration["v"][gamma]
+                    block_gamma, v_cal, blocks, fitted = gamma, calibration["v"][gamma], [], None
                     alpha = measured_acceptance_rate([accepted], gamma)
                 predicted = tokens_per_forward / (block_gamma * c_cal + v_cal)
                 decomposed = tokens_per_forward / (block_gamma * c + v)
@@ -518,8 +522,11 @@ def bench_decode(
                     "speedup_per_repeat": per_repeat,
                     "predicted": predicted, "efficiency": speedup / predicted,
                     "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma),
-                                    "v_from_alone": calibration["v_from_alone"]},
+                                    "v_from_alone": calibration["v_from_alone"],
+                                    **({"v_fitted": fitted} if fitted else {})},
                     "mean_gamma": block_gamma,
+                    # auto: how many blocks drafted each length (the batch's longest row's), over all repeats
+                    **({"block_lengths": dict(sorted(collections.Counter(blocks).items()))} if blocks else {}),
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": float((active + 1).mean()),
                     "tokens_per_target_forward_per_group": group_tokens,
