@@ -376,3 +376,32 @@ def test_under_block_verification_each_row_is_verified_at_its_own_length(pair):
     assert mixed  # some block had rows of different lengths
     assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for a, s in zip(out.accepted, out.lengths))
     assert any(bool((a[s >= 0] == s[s >= 0]).any()) for a, s in zip(out.accepted, out.lengths))
+
+
+class _LongOnceDone(DraftPolicy):
+    """One draft while a row is short of ``done`` tokens, ``max_gamma`` once it has them all."""
+
+    max_gamma = 8
+
+    def __init__(self, done: int):
+        self.done = done
+
+    def start(self):
+        return 0
+
+    def length(self, state):
+        return self.max_gamma if state >= self.done else 1
+
+    def update(self, state, accepted, full):
+        return state + accepted + 1  # the tokens the row emitted
+
+
+def test_a_finished_row_does_not_lengthen_the_batchs_block(pair):
+    # rows that finished ride along until half the batch is done; what their policy would ask for must
+    # not set the block's length: here every decoding row asks for 1 draft and every finished one for 8,
+    # so each block must draft exactly once (one draft forward per target forward)
+    prompts = [pair.prompts[i] for i in (0, 5, 9, 12)]
+    out = speculative_decode(pair.target, pair.draft, prompts, 24, _LongOnceDone(24), SamplingConfig(temperature=1.0),
+                             torch.Generator().manual_seed(0))
+    assert any(0 < int((a < 0).sum()) < len(prompts) / 2 for a in out.accepted)  # a finished row rode along
+    assert out.draft_forwards == out.target_forwards

@@ -243,7 +243,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that
     chooses each row's length before each block from that row's past, and may stop drafting after a
     token the draft was unsure of. Rows of one batch draft in step up to the longest length any of them
-    needs (the others' extra drafts are padding, computed but never verified); a row whose own length k
+    needs (the others' extra drafts are padding, computed but never verified; a finished row riding
+    along asks for nothing); a row whose own length k
     is shorter than the block's has its verification cut at k: its first k drafts are tested as usual
     and, if all pass, its next token is drawn fresh from the target at position k + 1, exactly as a block
     of k drafts would end. A policy reads each row's outcome back to the host once per block, and a
@@ -300,7 +301,10 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
     while True:
         active = lengths - prompt_lengths < max_new_tokens
-        finished, bad = torch.stack([(~active).sum(), problem.long()]).tolist()  # the block's one host read
+        read = [(~active).sum().unsqueeze(0), problem.long().unsqueeze(0)]
+        if policy is not None:  # a policy plans on the host: which rows are decoding comes in the same read
+            read.append(active.long())
+        finished, bad, *active_host = torch.cat(read).tolist()  # the block's one host read
         _raise_if(bad)
         if finished == len(active):
             break
@@ -314,14 +318,17 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
                 t[keep] for t in (origin, lengths, prompt_lengths, draft_behind, active))
             if policy is not None:
                 origin_host = origin.tolist()
+                active_host = [1] * len(origin_host)  # the rows kept are the ones decoding
         if policy is None:
             block_gamma = gamma
-        else:  # each row's length from its own past; the batch drafts up to the longest
-            planned = [policy.length(states[o]) for o in origin_host]
+        else:  # each decoding row's length from its own past; the batch drafts up to the longest of them
+            planned = [policy.length(states[o]) for o, decoding in zip(origin_host, active_host) if decoding]
             if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in planned):
                 raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(planned))}; "
                                  f"each must be an integer in [1, {longest_block}]")
             block_gamma = max(planned)
+            planned = iter(planned)  # a finished row (computed, never written) drafts the minimum, 1
+            planned = [next(planned) if decoding else 1 for decoding in active_host]
             row_gamma = torch.tensor(planned, device=device)
         span = min(bound + block_gamma + 1, capacity)  # every position this block writes lies below it
         rows_index = torch.arange(len(origin), device=device)
