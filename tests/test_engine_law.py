@@ -188,33 +188,44 @@ def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
     assert roots_rejected > 50 and chains_used > 50  # both paths of the root were exercised
 
 
-@pytest.mark.parametrize("name, rule, seed", [("heuristic", "token", 61), ("confidence", "token", 61),
-                                              ("auto", "token", 61), ("heuristic", "block", 83),
-                                              ("confidence", "block", 83)])
-def test_draft_length_policies_follow_the_exact_law(pair, name, rule, seed):
-    # lengths chosen per row from each row's past (speculative.policy): rows of one batch draft up to the
-    # longest; token-wise, a shorter row's verification is cut at its own length, with its last token from p
-    # there; under block verification the block sampler verifies each row as a block of its own length
-    # (lengths=...), the confidence stop included, which exact.adaptive_sequence_law allows
+@pytest.mark.parametrize("name, rule, per_row, seed", [
+    ("heuristic", "token", True, 61), ("confidence", "token", True, 61), ("auto", "token", True, 61),
+    ("heuristic", "block", True, 83), ("confidence", "block", True, 83),
+    ("confidence", "token", False, 67), ("auto", "token", False, 67), ("confidence", "block", False, 89)])
+def test_draft_length_policies_follow_the_exact_law(pair, name, rule, per_row, seed):
+    # per_row: lengths chosen per row from each row's past (speculative.policy): rows of one batch draft up
+    # to the longest; token-wise, a shorter row's verification is cut at its own length, with its last token
+    # from p there; under block verification the block sampler verifies each row as a block of its own
+    # length (lengths=...), the confidence stop included, which exact.adaptive_sequence_law allows.
+    # Shared (the default): the block's length comes from every row's past, and every row verifies it all;
+    # decoded in batches of 4 rows, where the confidence stop can end a shared block early
+    from types import SimpleNamespace
+
     from speculative.policy import make_policy
 
     prompt, length, rows = pair.prompts[1], 8, 3_000
     law = _law(pair, prompt, TOP2, length)
     policy = make_policy(name, gamma=3, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}}, max_gamma=6)
-    outputs = []
+    outputs, batch = [], CHUNK if per_row else 4
 
     def decode(prompts, n, generator):
-        outputs.append(speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, rule=rule))
-        return outputs[-1]
+        tokens = []
+        for start in range(0, len(prompts), batch):
+            outputs.append(speculative_decode(pair.target, pair.draft, prompts[start:start + batch], n, policy, TOP2,
+                                              generator, rule=rule, per_row=per_row))
+            tokens += outputs[-1].tokens
+        return SimpleNamespace(tokens=tokens, accepted=[])
 
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=seed)
     result, probs = _fit(counts, law)
     assert not result.rejects(), result
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
-    # the cut path ran: in some block, rows of one batch had different lengths
-    assert any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
+    mixed = any(len(set(s[s >= 0].tolist())) > 1 for out in outputs for s in out.lengths)
+    assert mixed == per_row  # per row, the cut path ran (rows of one block had different lengths); shared, never
     # each row was verified at its own length: never more accepted than it drafted for itself
     assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for out in outputs for a, s in zip(out.accepted, out.lengths))
+    if not per_row:  # the shared length really varied from block to block
+        assert len({s.max().item() for out in outputs for s in out.lengths}) > 1
 
 
 def test_a_planted_cut_bug_is_caught(pair):
@@ -228,7 +239,7 @@ def test_a_planted_cut_bug_is_caught(pair):
     policy = make_policy("heuristic", gamma=3, max_gamma=6)
 
     def decode(prompts, n, generator):
-        return broken.speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator)
+        return broken.speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, per_row=True)
 
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
     result, _ = _fit(counts, law)

@@ -371,7 +371,7 @@ def test_under_block_verification_each_row_is_verified_at_its_own_length(pair):
     policy = make_policy("heuristic", gamma=2, max_gamma=8)
     prompts = [pair.prompts[0], pair.prompts[5], pair.prompts[9], pair.prompts[12]]
     out = speculative_decode(pair.target, pair.draft, prompts, 64, policy, SamplingConfig(temperature=1.0),
-                             torch.Generator().manual_seed(3), rule="block")
+                             torch.Generator().manual_seed(3), rule="block", per_row=True)
     mixed = [s for s in out.lengths if len(set(s[s >= 0].tolist())) > 1]
     assert mixed  # some block had rows of different lengths
     assert all(bool((a[s >= 0] <= s[s >= 0]).all()) for a, s in zip(out.accepted, out.lengths))
@@ -401,7 +401,55 @@ def test_a_finished_row_does_not_lengthen_the_batchs_block(pair):
     # not set the block's length: here every decoding row asks for 1 draft and every finished one for 8,
     # so each block must draft exactly once (one draft forward per target forward)
     prompts = [pair.prompts[i] for i in (0, 5, 9, 12)]
-    out = speculative_decode(pair.target, pair.draft, prompts, 24, _LongOnceDone(24), SamplingConfig(temperature=1.0),
-                             torch.Generator().manual_seed(0))
-    assert any(0 < int((a < 0).sum()) < len(prompts) / 2 for a in out.accepted)  # a finished row rode along
-    assert out.draft_forwards == out.target_forwards
+    rode_along = 0
+    for seed in range(6):
+        for per_row in (False, True):
+            out = speculative_decode(pair.target, pair.draft, prompts, 24, _LongOnceDone(24),
+                                     SamplingConfig(temperature=1.0), torch.Generator().manual_seed(seed),
+                                     per_row=per_row)
+            rode_along += any(0 < int((a < 0).sum()) < len(prompts) / 2 for a in out.accepted)
+            assert out.draft_forwards == out.target_forwards
+    assert rode_along >= 3  # a finished row rode along in several of these runs
+
+
+def test_the_cost_model_chooses_a_shared_block_for_the_whole_batch():
+    # rows sharing a block share its cost: the length maximises their summed expected tokens per unit time
+    policy = CostModelPolicy(c=0.1, v={1: 1.2, 8: 1.6}, max_gamma=8)
+    often, rarely = (40.0, 40.0), (2.0, 40.0)
+    assert policy.batch_length([often]) == policy.length(often) == 8
+    assert policy.batch_length([rarely]) == policy.length(rarely) == 1
+    middling = (30.0, 40.0)  # alpha 0.75
+    for states in ([often, rarely], [often, rarely, rarely], [middling, rarely], [middling] * 2 + [rarely]):
+        alphas = [policy.alpha(state) for state in states]
+        cost = {k: 0.1 * k + 1.2 + 0.4 * (k - 1) / 7 for k in range(1, 9)}  # v interpolated from 1.2 to 1.6
+        rate = {k: sum(expected_tokens(a, k) for a in alphas) / cost[k] for k in cost}
+        assert policy.batch_length(states) == max(rate, key=rate.get)
+    # not the longest any row asks for: a row at alpha 0.75 alone drafts more than it does beside a poor row
+    assert 1 < policy.batch_length([middling, rarely]) < policy.length(middling)
+    assert HeuristicSchedule(2, 8).batch_length([2, 5, 3]) == 5  # the others: the longest any row asks for
+
+
+def test_a_batch_shares_each_block_and_every_row_verifies_all_of_it(pair):
+    # the default: each block's length comes from all decoding rows, and every row may accept all of it;
+    # per_row=True keeps each row's own length (a row never accepts more than it asked for)
+    policy = make_policy("heuristic", gamma=2, max_gamma=8)
+    prompts = [pair.prompts[0], pair.prompts[5], pair.prompts[9], pair.prompts[12]]
+    config, seed = SamplingConfig(temperature=1.0), 3
+    shared = speculative_decode(pair.target, pair.draft, prompts, 64, policy, config,
+                                torch.Generator().manual_seed(seed))
+    for a, s in zip(shared.accepted, shared.lengths):
+        decoding = s >= 0
+        assert len(set(s[decoding].tolist())) == 1 and bool((a[decoding] <= s[decoding]).all())
+    # the heuristic's rows drift apart, so a shared block is longer than some rows would have asked for;
+    # those rows then accept past their own length in some block
+    own = [HeuristicSchedule(2, 8).start() for _ in prompts]
+    longer = 0
+    for a, s in zip(shared.accepted, shared.lengths):
+        for row, (accepted, size) in enumerate(zip(a.tolist(), s.tolist())):
+            if size >= 0:
+                longer += accepted > HeuristicSchedule(2, 8).length(own[row])
+                own[row] = HeuristicSchedule(2, 8).update(own[row], accepted, accepted == size)
+    assert longer > 0
+    per_row = speculative_decode(pair.target, pair.draft, prompts, 64, policy, config,
+                                 torch.Generator().manual_seed(seed), per_row=True)
+    assert any(len(set(s[s >= 0].tolist())) > 1 for s in per_row.lengths)

@@ -228,7 +228,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
 def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_new_tokens: int, gamma,
                        config: SamplingConfig = SamplingConfig(), generator: Optional[torch.Generator] = None,
                        sampler: Optional[Callable] = None, clock: Optional[Clock] = None,
-                       rule: str = "token") -> DecodeResult:
+                       rule: str = "token", per_row: bool = False) -> DecodeResult:
     """Return max_new_tokens tokens per prompt by speculative decoding with blocks of ``gamma`` drafts.
 
     The emitted tokens have the target's distribution under ``config`` (see the module docstring);
@@ -242,17 +242,24 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
 
     ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that
     chooses each row's length before each block from that row's past, and may stop drafting after a
-    token the draft was unsure of. Rows of one batch draft in step up to the longest length any of them
-    needs (the others' extra drafts are padding, computed but never verified; a finished row riding
-    along asks for nothing); a row whose own length k
-    is shorter than the block's has its verification cut at k: its first k drafts are tested as usual
-    and, if all pass, its next token is drawn fresh from the target at position k + 1, exactly as a block
-    of k drafts would end. A policy reads each row's outcome back to the host once per block, and a
-    policy that stops on confidence once per draft step (to stop drafting when every row has stopped).
-    With block verification (``rule="block"``) the cut is the sampler's: it verifies each row's own
+    token the draft was unsure of. Rows of one batch draft in step, so the batch pays for its longest
+    row's drafts and a target forward over all of them whatever each row asked for. By default the rows
+    therefore share each block: its length is ``policy.batch_length`` of the decoding rows' states (the
+    cost model: the length that maximises the batch's expected tokens per unit of time; the other
+    policies: the longest any row asks for), drafting stops early only when every row's confidence stop
+    has fired, and every row verifies every draft. That length depends on other rows' pasts, which are
+    independent of this row's next draws, so the law is kept as for any past-only length (the engine law
+    tests check it). With ``per_row=True`` each row keeps its own length instead (the others' extra
+    drafts are padding, computed but never verified): a row whose own length k is shorter than the
+    block's has its verification cut at k: its first k drafts are tested as usual and, if all pass, its
+    next token is drawn fresh from the target at position k + 1, exactly as a block of k drafts would
+    end; with block verification (``rule="block"``) the cut is the sampler's: it verifies each row's own
     length as a block of that length (``sampler.block_verify_sample``'s ``lengths``; block verification
     of k drafts is not the first k positions of a longer block's test). ``exact.adaptive_sequence_law``
-    with ``rule="block"`` checks the law of such policies, confidence stops included, by enumeration.
+    with ``rule="block"`` checks the law of one row's policies, confidence stops included, by
+    enumeration. A finished row riding along in the batch asks for nothing. A policy reads each row's
+    outcome back to the host once per block, and a policy that stops on confidence once per draft step
+    (to stop drafting when every row has stopped).
     """
     from .policy import DraftPolicy
 
@@ -321,8 +328,9 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
                 active_host = [1] * len(origin_host)  # the rows kept are the ones decoding
         if policy is None:
             block_gamma = gamma
-        else:  # each decoding row's length from its own past; the batch drafts up to the longest of them
-            planned = [policy.length(states[o]) for o, decoding in zip(origin_host, active_host) if decoding]
+        else:  # the decoding rows' lengths from their pasts (shared, or each its own); drafted up to the longest
+            now = [states[o] for o, decoding in zip(origin_host, active_host) if decoding]
+            planned = [policy.length(state) for state in now] if per_row else [policy.batch_length(now)] * len(now)
             if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in planned):
                 raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(planned))}; "
                                  f"each must be an integer in [1, {longest_block}]")
@@ -361,6 +369,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
                 draft_forwards += 1
         drafts = torch.stack(drafts, 1)  # (B, gamma)
         block_gamma = drafts.shape[1]  # fewer than planned when every row stopped early
+        if policy is not None and not per_row:  # shared: every row verifies every draft
+            row_gamma = torch.full_like(row_gamma, block_gamma)
         # 2. one target forward over the last token and the gamma drafts
         last = sequence[origin, at - 1].unsqueeze(1)
         target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache, span=span,
@@ -376,7 +386,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         else:
             out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False)
         num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)
-        if policy is not None and rule == "token":
+        if policy is not None and rule == "token" and per_row:
             # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
             cut = (num_accepted >= row_gamma) & (row_gamma < block_gamma)
             rows_here = torch.arange(len(origin), device=device)

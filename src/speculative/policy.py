@@ -18,7 +18,11 @@ back, never mutated in place:
 - ``stop_after(q)``: True to stop drafting right after a token the draft gave probability ``q`` (the
   token is kept); works on floats, Fractions and tensors alike;
 - ``update(state, accepted, full)``: the state after a block that accepted ``accepted`` drafts, all of
-  them when ``full``.
+  them when ``full``;
+- ``batch_length(states)``: the length of a block that several rows share (the engine's default for a
+  batch: every row verifies all of it, since the batch computes the longest row's drafts anyway); the
+  longest any row asks for, unless the policy knows better (the cost model maximises the batch's expected
+  tokens per unit of time).
 
 Nothing else reaches a policy: not the target's probabilities, not the verification's uniforms.
 """
@@ -50,6 +54,9 @@ class DraftPolicy:
 
     def update(self, state, accepted: int, full: bool):
         return state
+
+    def batch_length(self, states: list) -> int:
+        return max(self.length(state) for state in states)
 
     def describe(self) -> str:
         return self.name
@@ -188,8 +195,13 @@ class CostModelPolicy(DraftPolicy):
         return (accepted + self.prior_alpha * self.prior_weight) / (tested + self.prior_weight)
 
     def length(self, state) -> int:
-        alpha = self.alpha(state)
-        rates = [expected_tokens(alpha, k) / cost for k, cost in enumerate(self._costs, start=1)]
+        return self.batch_length([state])
+
+    def batch_length(self, states: list) -> int:
+        """The length k maximising the rows' summed expected tokens per unit of time, sum_r E_r(k) / (k c +
+        v(k)): the rows of a batch share the block and its cost (for one row, :meth:`length`)."""
+        alphas = [self.alpha(state) for state in states]
+        rates = [sum(expected_tokens(a, k) for a in alphas) / cost for k, cost in enumerate(self._costs, start=1)]
         return 1 + max(range(len(rates)), key=rates.__getitem__)
 
     def update(self, state, accepted: int, full: bool):
