@@ -17,8 +17,10 @@ from speculative.exact import (
     adaptive_block_law,
     adaptive_sequence_law,
     law_total_variation,
+    shared_batch_law,
     speculative_sequence_law,
     target_sequence_law,
+    verify_drafts_law,
 )
 from speculative.pair import load_pair
 from speculative.pitfalls import SEED_P, SEED_Q, PeekAtTargetLength, find
@@ -140,11 +142,12 @@ def pair():
 
 
 @pytest.mark.parametrize("name", ["fixed", "heuristic", "confidence", "auto"])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_every_policy_decodes_greedily_as_plain_decoding(pair, name, batch):
+@pytest.mark.parametrize("batch, per_row", [(1, False), (3, False), (3, True)])
+def test_every_policy_decodes_greedily_as_plain_decoding(pair, name, batch, per_row):
     prompts = [pair.prompts[0], pair.prompts[1][:60], pair.prompts[2]][:batch]
     policy = make_policy(name, gamma=4, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}})
-    out = speculative_decode(pair.target, pair.draft, prompts, 48, policy, SamplingConfig(temperature=0.0))
+    out = speculative_decode(pair.target, pair.draft, prompts, 48, policy, SamplingConfig(temperature=0.0),
+                             per_row=per_row)
     assert out.tokens == plain_decode(pair.target, prompts, 48, SamplingConfig(temperature=0.0)).tokens
     sizes = torch.cat([s[s >= 0] for s in out.lengths])
     assert 1 <= int(sizes.min()) and int(sizes.max()) <= policy.max_gamma
@@ -277,11 +280,12 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     import speculative.bench as bench
     from speculative.__main__ import main
 
-    real = bench.calibrate_steps
+    real, raw = bench.calibrate_steps, {}
 
-    def noisy(*args, **kwargs):  # v(2) timed at half of v(1): a violation the fit pools away
+    def noisy(*args, **kwargs):  # v(2) timed at a tenth of v(1): a violation the fit pools away
         calibration = real(*args, **kwargs)
-        return {**calibration, "v": {**calibration["v"], 2: calibration["v"][1] / 2}}
+        raw.update({**calibration["v"], 2: calibration["v"][1] / 10})
+        return {**calibration, "v": dict(raw)}
 
     monkeypatch.setattr(bench, "calibrate_steps", noisy)
     out = tmp_path / "auto.json"
@@ -295,6 +299,9 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     counts = {int(k): n for k, n in row["block_lengths"].items()}
     priced = sum(n * bench._interpolated(fitted, k) for k, n in counts.items()) / sum(counts.values())
     assert row["calibration"]["v"] == pytest.approx(priced, rel=1e-12)
+    # the blocks' lengths make the two pricings differ: this test would see the raw costs used instead
+    by_raw = sum(n * bench._interpolated(raw, k) for k, n in counts.items()) / sum(counts.values())
+    assert abs(by_raw - priced) > 1e-6 * priced
     assert row["mean_gamma"] == pytest.approx(sum(k * n for k, n in counts.items()) / sum(counts.values()))
     assert row["predicted"] == pytest.approx(
         row["tokens_per_target_forward"] / (row["mean_gamma"] * row["calibration"]["c"] + priced))
@@ -453,3 +460,37 @@ def test_a_batch_shares_each_block_and_every_row_verifies_all_of_it(pair):
     per_row = speculative_decode(pair.target, pair.draft, prompts, 64, policy, config,
                                  torch.Generator().manual_seed(seed), per_row=True)
     assert any(len(set(s[s >= 0].tolist())) > 1 for s in per_row.lengths)
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed):
+    # two rows decoded as one batch whose rows share each block (the engine's default): the block's length
+    # comes from both rows' states, a confidence stop ends drafting only when both rows have stopped, and
+    # each row verifies every draft. Exactly, the two outputs are independent draws from the target's law.
+    target, draft = RandomTableModel(2, seed), RandomTableModel(2, seed + 50)
+    law = target_sequence_law(target, (0,), 3)
+    product = {(a, b): law[a] * law[b] for a in law for b in law}
+    for policy in (ConfidenceStop(threshold=Fraction(1, 2), max_gamma=3), HeuristicSchedule(1, 3),
+                   CostModelPolicy(c=0.1, v={1: 1.2, 3: 1.3}, max_gamma=3, prior_weight=1.0)):
+        joint = shared_batch_law(target, draft, (0,), 3, policy, rows=2, rule=rule)
+        assert law_total_variation(joint, product) == 0, (policy.describe(), rule)
+
+
+def test_verifying_given_drafts_sums_to_the_block_laws():
+    # verify_drafts_law, averaged over the drafts' own probabilities, is the fixed-length block law
+    from speculative.exact import block_verification_law, speculative_block_law
+
+    target, draft = RandomTableModel(3, 1), RandomTableModel(3, 51)
+    for rule, reference in (("token", speculative_block_law), ("block", block_verification_law)):
+        mixed = {}
+        for x in range(3):
+            for y in range(3):
+                chance = draft((0,))[x] * draft((0, x))[y]
+                if chance == 0:  # never drafted
+                    continue
+                for tokens, p in verify_drafts_law(target, draft, (0,), (x, y), rule).items():
+                    mixed[tokens] = mixed.get(tokens, 0) + chance * p
+        assert law_total_variation(mixed, reference(target, draft, (0,), 2)) == 0
+    with pytest.raises(ValueError, match="unknown verification rule 'tree'"):
+        verify_drafts_law(target, draft, (0,), (1,), "tree")

@@ -240,26 +240,28 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the seconds inside
     each model's calls; without one nothing is timed.
 
-    ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that
-    chooses each row's length before each block from that row's past, and may stop drafting after a
-    token the draft was unsure of. Rows of one batch draft in step, so the batch pays for its longest
-    row's drafts and a target forward over all of them whatever each row asked for. By default the rows
-    therefore share each block: its length is ``policy.batch_length`` of the decoding rows' states (the
-    cost model: the length that maximises the batch's expected tokens per unit of time; the other
-    policies: the longest any row asks for), drafting stops early only when every row's confidence stop
-    has fired, and every row verifies every draft. That length depends on other rows' pasts, which are
-    independent of this row's next draws, so the law is kept as for any past-only length (the engine law
-    tests check it). With ``per_row=True`` each row keeps its own length instead (the others' extra
-    drafts are padding, computed but never verified): a row whose own length k is shorter than the
-    block's has its verification cut at k: its first k drafts are tested as usual and, if all pass, its
-    next token is drawn fresh from the target at position k + 1, exactly as a block of k drafts would
-    end; with block verification (``rule="block"``) the cut is the sampler's: it verifies each row's own
-    length as a block of that length (``sampler.block_verify_sample``'s ``lengths``; block verification
-    of k drafts is not the first k positions of a longer block's test). ``exact.adaptive_sequence_law``
-    with ``rule="block"`` checks the law of one row's policies, confidence stops included, by
-    enumeration. A finished row riding along in the batch asks for nothing. A policy reads each row's
-    outcome back to the host once per block, and a policy that stops on confidence once per draft step
-    (to stop drafting when every row has stopped).
+    ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that chooses
+    each row's length before each block from that row's past, and may stop drafting after a token the draft
+    was unsure of. Rows of one batch draft in step, so the batch pays for its longest row's drafts and a
+    target forward over all of them whatever each row asked for. By default the rows therefore share each
+    block: its length is ``policy.batch_length`` of the decoding rows' states (the cost model: the length
+    that maximises the batch's expected tokens per unit of time; the other policies: the longest any row
+    asks for), drafting stops early only when every row's confidence stop has fired, and every row verifies
+    every draft. That length depends on the other rows' pasts and drafts and, through a confidence stop, on
+    this row's own drafts, never on this row's verification draws; ``exact.shared_batch_law`` enumerates
+    rows sharing blocks and finds each row's output an independent draw from the target's law (tested for
+    the shipped policies under either rule), and the engine law tests check it on the real pair. With
+    ``per_row=True`` each row keeps its own length instead (the others' extra drafts are padding, computed
+    but never verified): a row whose own length k is shorter than the block's has its verification cut at k:
+    its first k drafts are tested as usual and, if all pass, its next token is drawn fresh from the target
+    at position k + 1, exactly as a block of k drafts would end; with block verification (``rule="block"``)
+    the cut is the sampler's: it verifies each row's own length as a block of that length
+    (``sampler.block_verify_sample``'s ``lengths``; block verification of k drafts is not the first k
+    positions of a longer block's test). ``exact.adaptive_sequence_law`` with ``rule="block"`` checks the
+    law of one row's policies, confidence stops included, by enumeration. A finished row riding along in the
+    batch asks for nothing. Besides the loop's one host read per block, a policy adds one (each row's
+    outcome, for its state), and a policy that stops on confidence one per draft step (to stop drafting
+    when every row has stopped).
     """
     from .policy import DraftPolicy
 

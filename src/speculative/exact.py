@@ -12,6 +12,7 @@ which token the residual gives) and add up the exact probability of each outcome
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 from fractions import Fraction
@@ -41,6 +42,8 @@ __all__ = [
     "LOSSLESS_SCHEMES",
     "adaptive_block_law",
     "adaptive_sequence_law",
+    "verify_drafts_law",
+    "shared_batch_law",
 ]
 
 ToyModel = Callable[[tuple], Sequence[Fraction]]
@@ -215,33 +218,9 @@ def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, ga
     law: dict[tuple, Fraction] = defaultdict(Fraction)
 
     def finish(drafts: tuple, prob: Fraction) -> None:
-        gamma = len(drafts)  # shorter than asked for when a stop ended the drafting
-        targets = [validate_distribution(target(context + drafts[:i]), "target") for i in range(gamma + 1)]
-        drafts_q = [validate_distribution(draft(context + drafts[:i]), "draft") for i in range(gamma)]
-        ratio = [Fraction(1)]
-        for i, token in enumerate(drafts):
-            ratio.append(min(Fraction(1), ratio[-1] * targets[i][token] / drafts_q[i][token]))
-        weights = [[max(ratio[i] * pt - qt, 0) for pt, qt in zip(targets[i], drafts_q[i])] for i in range(gamma)]
-        keep = [Fraction(1)]  # keep[0] is unused: tau = 0 is what is left when no position is kept
-        for i in range(1, gamma):
-            mass = sum(weights[i])
-            denominator = mass + 1 - ratio[i]
-            keep.append(Fraction(1) if denominator == 0 else mass / denominator)
-        keep.append(ratio[gamma])
-        none_later = Fraction(1)  # P(no position after tau is kept)
-        for tau in range(gamma, -1, -1):
-            chance = none_later * (keep[tau] if tau else 1)
-            if tau:
-                none_later *= 1 - keep[tau]
-            if chance == 0:
-                continue
-            final = targets[gamma] if tau == gamma else weights[tau]
-            mass = sum(final)
-            final = targets[tau] if mass == 0 else [w / mass for w in final]  # mass 0 only at chance 0
-            for token, f in enumerate(final):
-                if f:
-                    key = drafts[:tau] + (token,)
-                    law[(key, gamma) if drafted else key] += prob * chance * f
+        # len(drafts) is shorter than asked for when a stop ended the drafting
+        for key, chance in verify_drafts_law(target, draft, context, drafts, "block").items():
+            law[(key, len(drafts)) if drafted else key] += prob * chance
 
     def draw(drafts: tuple, prob: Fraction) -> None:
         if len(drafts) == gamma:
@@ -255,6 +234,113 @@ def block_verification_law(target: ToyModel, draft: ToyModel, context: tuple, ga
                     draw(drafts + (token,), prob * q)
 
     draw((), Fraction(1))
+    return dict(law)
+
+
+def verify_drafts_law(target: ToyModel, draft: ToyModel, context: tuple, drafts: tuple,
+                      rule: str = "token") -> dict[tuple, Fraction]:
+    """Return the exact law of the tokens emitted when the given ``drafts`` (drawn from ``draft`` after
+    ``context``) are verified by ``rule``: ``"token"`` (token-wise: the first rejection ends the block with
+    a token from the residual, full acceptance with a bonus token from p) or ``"block"`` (block
+    verification, see :func:`block_verification_law`). Each key is the accepted drafts plus one token."""
+    context, drafts = tuple(context), tuple(drafts)
+    gamma = len(drafts)
+    targets = [validate_distribution(target(context + drafts[:i]), "target") for i in range(gamma + 1)]
+    drafts_q = [validate_distribution(draft(context + drafts[:i]), "draft") for i in range(gamma)]
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+    if rule == "token":
+        prob = Fraction(1)
+        for i, token in enumerate(drafts):
+            accept = min(Fraction(1), targets[i][token] / drafts_q[i][token])
+            if accept < 1:
+                for y, r_y in enumerate(normalized_residual(targets[i], drafts_q[i])):
+                    if r_y:
+                        law[drafts[:i] + (y,)] += prob * (1 - accept) * r_y
+            prob *= accept
+            if prob == 0:
+                return dict(law)
+        for y, p_y in enumerate(targets[gamma]):
+            if p_y:
+                law[drafts + (y,)] += prob * p_y
+        return dict(law)
+    if rule != "block":
+        raise ValueError(f"unknown verification rule {rule!r}; known: token, block")
+    ratio = [Fraction(1)]
+    for i, token in enumerate(drafts):
+        ratio.append(min(Fraction(1), ratio[-1] * targets[i][token] / drafts_q[i][token]))
+    weights = [[max(ratio[i] * pt - qt, 0) for pt, qt in zip(targets[i], drafts_q[i])] for i in range(gamma)]
+    keep = [Fraction(1)]  # keep[0] is unused: tau = 0 is what is left when no position is kept
+    for i in range(1, gamma):
+        mass = sum(weights[i])
+        denominator = mass + 1 - ratio[i]
+        keep.append(Fraction(1) if denominator == 0 else mass / denominator)
+    keep.append(ratio[gamma])
+    none_later = Fraction(1)  # P(no position after tau is kept)
+    for tau in range(gamma, -1, -1):
+        chance = none_later * (keep[tau] if tau else 1)
+        if tau:
+            none_later *= 1 - keep[tau]
+        if chance == 0:
+            continue
+        final = targets[gamma] if tau == gamma else weights[tau]
+        mass = sum(final)
+        final = targets[tau] if mass == 0 else [w / mass for w in final]  # mass 0 only at chance 0
+        for token, f in enumerate(final):
+            if f:
+                law[drafts[:tau] + (token,)] += chance * f
+    return dict(law)
+
+
+def shared_batch_law(target: ToyModel, draft: ToyModel, context: tuple, n_tokens: int, policy,
+                     rows: int = 2, rule: str = "token") -> dict[tuple, Fraction]:
+    """Return the exact joint law of the first ``n_tokens`` tokens of ``rows`` rows decoded as one batch
+    whose rows *share* each block, as ``decode.speculative_decode`` does by default with a draft-length
+    policy: the block's length is ``policy.batch_length`` of the decoding rows' states, every decoding row
+    drafts (each from its own context), drafting stops early once every row's ``stop_after`` has fired,
+    and every row verifies every draft by ``rule`` (:func:`verify_drafts_law`); each row's state is then
+    updated with its own outcome. Rows that have their ``n_tokens`` stop. Keys are tuples of ``rows``
+    outputs. The rows keep the target's law, jointly, when this equals the product of
+    :func:`target_sequence_law` with itself ``rows`` times. Exponential in everything: keep it tiny."""
+    if n_tokens < 1 or rows < 1:
+        raise ValueError(f"need n_tokens >= 1 and rows >= 1, got {n_tokens} and {rows}")
+    context = tuple(context)
+    law: dict[tuple, Fraction] = defaultdict(Fraction)
+
+    def run(outputs: tuple, states: tuple, prob: Fraction) -> None:
+        decoding = [i for i, out in enumerate(outputs) if len(out) < n_tokens]
+        if not decoding:
+            law[tuple(out[:n_tokens] for out in outputs)] += prob
+            return
+        gamma = policy.batch_length([states[i] for i in decoding])
+        _check_gamma(gamma)
+
+        def extend(drafted: list, stopped: list, prob: Fraction) -> None:
+            if len(drafted[0]) == gamma or all(stopped):
+                verify(drafted, prob)
+                return
+            qs = [validate_distribution(draft(context + outputs[i] + d), "draft") for i, d in zip(decoding, drafted)]
+            for tokens in itertools.product(*(range(len(q)) for q in qs)):
+                chance = prob
+                for q, token in zip(qs, tokens):
+                    chance *= q[token]
+                if chance:
+                    extend([d + (t,) for d, t in zip(drafted, tokens)],
+                           [s or bool(policy.stop_after(q[t])) for s, q, t in zip(stopped, qs, tokens)], chance)
+
+        def verify(drafted: list, prob: Fraction) -> None:
+            laws = [list(verify_drafts_law(target, draft, context + outputs[i], d, rule).items())
+                    for i, d in zip(decoding, drafted)]
+            for outcome in itertools.product(*laws):
+                chance, new_outputs, new_states = prob, list(outputs), list(states)
+                for i, d, (tokens, p) in zip(decoding, drafted, outcome):
+                    chance *= p
+                    new_outputs[i] = outputs[i] + tokens
+                    new_states[i] = policy.update(states[i], len(tokens) - 1, len(tokens) - 1 == len(d))
+                run(tuple(new_outputs), tuple(new_states), chance)
+
+        extend([() for _ in decoding], [False for _ in decoding], prob)
+
+    run(((),) * rows, (policy.start(),) * rows, Fraction(1))
     return dict(law)
 
 
