@@ -464,7 +464,7 @@ def test_a_batch_shares_each_block_and_every_row_verifies_all_of_it(pair):
 
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("seed", range(3))
-def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed):
+def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed, monkeypatch):
     # two rows decoded as one batch whose rows share each block (the engine's default): the block's length
     # comes from both rows' states, a confidence stop ends drafting only when both rows have stopped, and
     # each row verifies every draft. Exactly, the two outputs are independent draws from the target's law.
@@ -475,6 +475,13 @@ def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed):
                    CostModelPolicy(c=0.1, v={1: 1.2, 3: 1.3}, max_gamma=3, prior_weight=1.0)):
         joint = shared_batch_law(target, draft, (0,), 3, policy, rows=2, rule=rule)
         assert law_total_variation(joint, product) == 0, (policy.describe(), rule)
+    # not vacuous: some shared block of the confidence stop ended early, both rows having stopped
+    import speculative.exact as exact
+
+    verified, real = [], exact.verify_drafts_law
+    monkeypatch.setattr(exact, "verify_drafts_law", lambda *a: verified.append(len(a[3])) or real(*a))
+    shared_batch_law(target, draft, (0,), 3, ConfidenceStop(threshold=Fraction(1, 2), max_gamma=3), rows=2, rule=rule)
+    assert 0 < min(verified) < 3 == max(verified)
 
 
 def test_verifying_given_drafts_sums_to_the_block_laws():

@@ -494,7 +494,7 @@ def bench_decode(
                 tokens_per_forward = max_new_tokens * len(spec_all) / sum(len(r.accepted) for r in spec_all)
                 c_cal = calibration["c"]
                 c, v = per_call(timed_spec, "draft") / target_call, per_call(timed_spec, "target") / target_call
-                if gamma == "auto":  # each block drafts its longest row's length: cost it block by block
+                if gamma == "auto":  # each block drafts one length, shared by its rows: cost it block by block
                     blocks = [int(size.max()) for r in spec_all for size in r.lengths if int(size.max()) > 0]
                     block_gamma = statistics.mean(blocks)
                     # with the costs the policy chose by: the calibration's non-decreasing fit
@@ -525,7 +525,7 @@ def bench_decode(
                                     "v_from_alone": calibration["v_from_alone"],
                                     **({"v_fitted": fitted} if fitted else {})},
                     "mean_gamma": block_gamma,
-                    # auto: how many blocks drafted each length (the batch's longest row's), over all repeats
+                    # auto: how many blocks drafted each length (shared by the block's rows), over all repeats
                     **({"block_lengths": dict(sorted(collections.Counter(blocks).items()))} if blocks else {}),
                     "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
                     "tokens_per_active_block": float((active + 1).mean()),

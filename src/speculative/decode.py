@@ -331,15 +331,15 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         if policy is None:
             block_gamma = gamma
         else:  # the decoding rows' lengths from their pasts (shared, or each its own); drafted up to the longest
-            now = [states[o] for o, decoding in zip(origin_host, active_host) if decoding]
-            planned = [policy.length(state) for state in now] if per_row else [policy.batch_length(now)] * len(now)
-            if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in planned):
-                raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(planned))}; "
+            decoding = [states[o] for o, a in zip(origin_host, active_host) if a]
+            asked = [policy.length(state) for state in decoding] if per_row else [policy.batch_length(decoding)]
+            if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in asked):
+                raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(asked))}; "
                                  f"each must be an integer in [1, {longest_block}]")
-            block_gamma = max(planned)
-            planned = iter(planned)  # a finished row (computed, never written) drafts the minimum, 1
-            planned = [next(planned) if decoding else 1 for decoding in active_host]
-            row_gamma = torch.tensor(planned, device=device)
+            block_gamma = max(asked)
+            asked = iter(asked) if per_row else iter([block_gamma] * len(decoding))
+            # a finished row (computed, never written) is given the minimum, 1
+            row_gamma = torch.tensor([next(asked) if a else 1 for a in active_host], device=device)
         span = min(bound + block_gamma + 1, capacity)  # every position this block writes lies below it
         rows_index = torch.arange(len(origin), device=device)
         at = torch.where(active, lengths, prompt_lengths)
