@@ -10,7 +10,8 @@ with one job (``defaults`` holds every default):
   ``evaluate`` (reference laws and scores from full forwards), ``timing`` (device-aware clocks);
 - ``stats`` (goodness of fit, TV bounds, sample sizes, the measured acceptance rate);
 - ``pair`` (save and load a checksummed model pair), ``corpus`` and ``train`` (how the pair is made),
-  ``bench`` (benchmarks and their records), ``book`` (what the chapters share), and the CLI
+  ``bench`` (benchmarks: raw observations), ``records`` (their schema), ``analysis`` (every figure from
+  them), ``report`` (tables), ``book`` (what the chapters share), and the CLI
   (``python -m speculative``).
 
 The names below are importable from ``speculative`` itself; importing the package loads torch only when

@@ -45,3 +45,17 @@ DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_
              "batches": list(BENCH_DECODE["batches"]), "prompts": BENCH_DECODE["prompts"],
              "max_new_tokens": BENCH_DECODE["max_new_tokens"], "repeats": BENCH_DECODE["repeats"],
              "distribution_rows": 24_000, "task_rows": 4096}
+#: SPECULATIVE_SCALE=smoke: toy sizes at which every chapter runs to its end in seconds, for the test that
+#: runs each Colab edition from the wheel (tests/test_colab.py). Its figures mean nothing, and a chapter
+#: skips the claims that need a large sample (``check_claims`` is False in ``book.demo_settings``).
+#: ``audit_rows`` caps each audit case's sample (None: the audit's own sizes, ``audit.MAX_ROWS``).
+DEMO_SMOKE = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 16,
+              "repeats": 1, "distribution_rows": 1500, "task_rows": 32, "audit_rows": 500}
+#: ``bench peer``: temperatures, this engine's fixed draft length (and transformers' fixed schedule's),
+#: transformers' schedules, this engine's policies, prompts (each decoded by every decoder), tokens per
+#: prompt, timed rounds, seed.
+BENCH_PEER = {"temperatures": (0.0, 1.0), "gamma": 4, "schedules": ("default", "fixed"), "policies": ("fixed",),
+              "prompts": 32, "max_new_tokens": 128, "repeats": 2, "seed": 0}
+#: The confidence stop's threshold: drafting stops after a token the draft gave less than this probability
+#: (transformers' default ``assistant_confidence_threshold``).
+CONFIDENCE_THRESHOLD = 0.4

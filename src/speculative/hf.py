@@ -12,7 +12,7 @@ holds them to 1e-4 in float32). GPT-2 stores its linear layers as ``Conv1D`` wit
 :func:`wrap` puts any transformers causal LM (GPT-2, Llama, Qwen2, ...) behind the interface the engine
 calls, with transformers' own KV cache rolled back by cropping; :func:`pair` aligns a target and a draft
 (same tokenizer, padded vocabularies cut to it). :func:`assisted_generate` and :func:`plain_generate`
-run transformers' own generation, instrumented, for the race in :func:`bench.bench_peer`.
+run transformers' own generation, instrumented, for the race in :func:`speculative.bench.bench_peer`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ with warnings.catch_warnings():  # transformers imports tqdm.auto, which warns i
         pass
 
 __all__ = ["export", "gpt2_config", "wrap", "pair", "load_pair", "same_tokenizer", "HFModel", "HFPair", "HFCache",
-           "HF_SCHEDULES", "plain_generate", "assisted_generate", "AssistedRun", "PUBLIC_PAIR", "public_pair_names",
-           "race_public_pair"]
+           "HF_SCHEDULES", "plain_generate", "assisted_generate", "AssistedRun", "PUBLIC_PAIR", "public_pair_names"]
 
 
 def gpt2_config(model: GPT):
@@ -208,7 +207,7 @@ class HFModel:
 def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = "") -> HFModel:
     """Return ``model`` (any transformers causal LM whose cache can be cropped: GPT-2, Llama, Qwen2, ...)
     in the form :func:`decode.plain_decode`, :func:`decode.speculative_decode` and
-    :func:`bench.bench_decode` call.
+    :func:`speculative.bench.bench_decode` call.
 
     ``vocab_size`` keeps only the first that many logits (default: all the model produces). Checkpoints
     pad their embedding tables past the tokenizer, and one family's sizes pad differently (Qwen2.5's
@@ -237,7 +236,7 @@ def same_tokenizer(first, second) -> Optional[str]:
 
 def pair(target, draft, target_tokenizer=None, draft_tokenizer=None, prompts: Sequence[str] = (),
          name: str = "") -> "HFPair":
-    """Return a pair of wrapped transformers models ready for the engine and :func:`bench.bench_decode`.
+    """Return a pair of wrapped transformers models ready for the engine and :func:`speculative.bench.bench_decode`.
 
     With both tokenizers: raise ValueError unless they are the same (a draft with another tokenizer
     proposes ids that mean other strings; this engine does not translate, unlike transformers'
@@ -275,7 +274,7 @@ def pair(target, draft, target_tokenizer=None, draft_tokenizer=None, prompts: Se
 
 @dataclass
 class HFPair:
-    """A wrapped target and draft, with prompts as token ids: what :func:`bench.bench_decode` takes."""
+    """A wrapped target and draft, with prompts as token ids: what :func:`speculative.bench.bench_decode` takes."""
 
     target: HFModel
     draft: HFModel
@@ -298,7 +297,7 @@ def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu"
 
 
 # ---------------------------------------------------------------------------------------------------------
-# transformers' own generation, instrumented: the peer in the race (bench.bench_peer)
+# transformers' own generation, instrumented: the peer in the race (speculative.bench.bench_peer)
 
 #: Draft-length schedules of transformers' assisted generation that the race runs. "default" is what
 #: ``generate(assistant_model=...)`` does when nothing is set (at transformers 5.24: up to 20 drafts, a
@@ -406,22 +405,3 @@ def public_pair_names() -> dict:
 
     return {"target": os.environ.get("SPECULATIVE_HF_TARGET", PUBLIC_PAIR["target"]),
             "draft": os.environ.get("SPECULATIVE_HF_DRAFT", PUBLIC_PAIR["draft"])}
-
-
-def race_public_pair(target: str, draft: str, device: str = "cuda", dtype=torch.bfloat16,
-                     prompts: Sequence[str] = (), gammas: Sequence[int] = (2, 4, 6), max_new_tokens: int = 128,
-                     repeats: int = 1, progress: bool = False) -> dict:
-    """Load ``target`` and ``draft`` with :func:`load_pair` and return two records measured on them:
-    ``decode`` (:func:`bench.bench_decode`: plain vs this engine at each gamma, T = 0 and 1, batch 1) and
-    ``peer`` (:func:`bench.bench_peer`: this engine at the middle gamma vs transformers' assisted
-    generation, default and fixed schedules). What chapter 08 runs for GPU readers; tested offline on
-    tiny checkpoints."""
-    from .bench import bench_decode, bench_peer
-
-    loaded = load_pair(target, draft, prompts, device=device, dtype=dtype)
-    count = len(loaded.prompts)
-    decode = bench_decode(loaded, gammas=list(gammas), temperatures=[0.0, 1.0], batches=[1],
-                          max_new_tokens=max_new_tokens, repeats=repeats, prompts=count, progress=progress)
-    peer = bench_peer(loaded, gamma=sorted(gammas)[len(gammas) // 2], prompts=count, max_new_tokens=max_new_tokens,
-                      repeats=repeats, progress=progress)
-    return {"decode": decode, "peer": peer}

@@ -25,16 +25,6 @@ import torch
 from .model import GPT, GPTConfig
 
 __all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "sha256_file", "check_destination"]
-_MOVED = ("train_pair", "get_pair", "make_prompts")  # now in speculative.train; still importable from here
-
-
-def __getattr__(name):
-    if name in _MOVED:
-        from . import train
-
-        return getattr(train, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 PAIR_DIR = Path(__file__).resolve().parent / "pair"
 PAIR_FILES = ("target.safetensors", "draft.safetensors", "pair.json", "train_log.json", "prompts.json")
 

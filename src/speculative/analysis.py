@@ -1,0 +1,475 @@
+"""Analysis: pure functions from a benchmark record's raw observations to every figure shown.
+
+Explained in: notebooks/07_cost_model (predictions, prices) and notebooks/08_decoding_demo (speedups).
+
+The benchmarks in :mod:`speculative.bench` measure and keep raw observations (:mod:`speculative.records`
+says what a record holds); :func:`analyse` turns a record into its summary rows, and the other functions
+here turn records or rows into comparisons. Nothing here times, draws or touches a model, so any record
+can be re-analysed, and every figure the CLI, the chapters and the tests show has this one source.
+Intervals are 95% percentile bootstraps with 2,000 resamples, paired over prompts (or groups of prompts),
+seeded by the record's seed, so re-analysis gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import statistics
+from typing import Callable, Sequence
+
+from .policy import _interpolate as interpolate
+from .policy import expected_tokens, make_policy
+from .stats import measured_acceptance_rate
+
+__all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
+           "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
+           "tokens_hash", "interval_side"]
+
+
+# ---------------------------------------------------------------- intervals and ratios
+
+def bootstrap_interval(columns: Sequence[Sequence[float]], statistic: Callable, seed: int) -> list[float]:
+    """Return a 95% percentile bootstrap interval (2,000 resamples, paired over the columns' entries) of
+    ``statistic`` of the ``columns``; [nan, nan] with fewer than two entries."""
+    from scipy.stats import bootstrap
+
+    if len(columns[0]) < 2:
+        return [float("nan"), float("nan")]
+    result = bootstrap(tuple(columns), statistic, paired=True, vectorized=False, n_resamples=2000,
+                       confidence_level=0.95, method="percentile", random_state=seed)
+    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+
+
+def ratio_interval(numerators: Sequence[float], denominators: Sequence[float], seed: int) -> list[float]:
+    """Return a 95% bootstrap interval, paired over entries, of sum(numerators) / sum(denominators)."""
+    return bootstrap_interval([list(numerators), list(denominators)], lambda a, b: sum(a) / sum(b), seed)
+
+
+def speed_ratio(seconds: Sequence[float], baseline_seconds: Sequence[float], seed: int = 0) -> tuple[float, list]:
+    """Return how many times as fast a decoder ran as a baseline on the same prompts and tokens (pooled:
+    baseline seconds / its seconds) with a 95% bootstrap interval paired over prompts."""
+    return sum(baseline_seconds) / sum(seconds), ratio_interval(baseline_seconds, seconds, seed)
+
+
+def interval_side(interval: Sequence[float], level: float = 1.0) -> str:
+    """Return ``"above"`` or ``"below"`` when a whole interval lies on one side of ``level``, else
+    ``"across"`` (an interval of NaNs, from a single prompt, is ``"across"``)."""
+    low, high = interval
+    if low > level:
+        return "above"
+    if high < level:
+        return "below"
+    return "across"
+
+
+# ---------------------------------------------------------------- calibrations
+
+def step_costs(seconds: dict, gammas, plain_seconds: float) -> dict:
+    """Return c, v and v_alone from a calibration's median seconds, relative to a plain step of
+    ``plain_seconds``.
+
+    v(gamma) is what a block costs beyond its gamma draft steps (the verification as the loop pays it:
+    right after the draft's forwards, with the caches they leave). When timing noise makes that
+    difference zero or negative (tiny models, whose steps cost about the same), it cannot measure the
+    verification, so v_alone(gamma), the verification step timed alone, stands in for it; the gammas
+    where it did are listed under ``v_from_alone``, so that no record hides the substitution.
+    """
+    draft = seconds["draft"]
+    v, fallback = {}, []
+    for g in gammas:
+        loop = seconds[f"block_{g}"] - g * draft
+        if not loop > 0:
+            loop = seconds[f"verify_{g}"]
+            fallback.append(g)
+        v[g] = loop / plain_seconds
+    return {"c": draft / plain_seconds, "v": v, "v_alone": {g: seconds[f"verify_{g}"] / plain_seconds for g in gammas},
+            "v_from_alone": fallback}
+
+
+def calibration_costs(calibration: dict, plain_seconds: float = None) -> dict:
+    """Return a raw calibration (``seconds`` of each step, from :func:`bench.calibrate_steps`) with c, v,
+    v_alone and v_from_alone added, relative to its own plain step or to ``plain_seconds``: multi-draft
+    decoding runs k rows per step but is compared with plain decoding of one row, so its steps are
+    counted in that row's plain steps."""
+    seconds = calibration["seconds"]
+    gammas = sorted(int(name.split("_")[1]) for name in seconds if name.startswith("verify_"))
+    relative = seconds["plain"] if plain_seconds is None else plain_seconds
+    out = {**calibration, **step_costs(seconds, gammas, relative)}
+    if plain_seconds is not None:
+        out["relative_to_plain_seconds"] = plain_seconds
+    return out
+
+
+def interpolated(values: dict, k: int) -> float:
+    """v at draft length k from a calibration's {length: v} (keys may be ints or, from JSON, strings)."""
+    return interpolate(sorted((int(g), float(x)) for g, x in values.items()), k)
+
+
+# ---------------------------------------------------------------- outputs
+
+def repeat_share(tokens: Sequence[int], context: Sequence[int], n: int = 8) -> float:
+    """Return the share of generated positions whose n-gram (the n tokens ending there) already occurred
+    earlier in ``context`` + ``tokens``: how much of an output repeats itself or its prompt. Positions
+    with fewer than n tokens before them in the whole text end no n-gram and are not counted."""
+    text = list(context) + list(tokens)
+    seen, repeated, positions = set(), 0, 0
+    for end in range(n, len(text) + 1):
+        gram = tuple(text[end - n:end])
+        if end > len(context):
+            positions += 1
+            repeated += gram in seen
+        seen.add(gram)
+    return repeated / positions if positions else float("nan")
+
+
+def prompts_hash(prompts) -> str:
+    """Return the sha256 of a prompt set (bytes, or token ids as 4 bytes each), lengths included."""
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        if not isinstance(prompt, bytes):  # token ids (a transformers tokenizer's): 4 bytes each
+            prompt = b"".join(int(t).to_bytes(4, "big") for t in prompt)
+        digest.update(len(prompt).to_bytes(4, "big") + prompt)
+    return digest.hexdigest()
+
+
+def tokens_hash(tokens: Sequence[int]) -> str:
+    """Return a short checksum of emitted tokens: equal outputs, equal checksums."""
+    return prompts_hash([list(tokens)])[:16]
+
+
+# ---------------------------------------------------------------- the summaries
+
+def analyse(record: dict) -> list[dict]:
+    """Return the summary rows (a record's ``results``) recomputed from its observations."""
+    by_benchmark = {"sampler": _sampler_results, "decode": _decode_results, "peer": _peer_results}
+    if record.get("benchmark") not in by_benchmark:
+        raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected sampler, decode or peer")
+    if "observations" not in record:
+        raise ValueError("the record keeps no observations (schema 1): it cannot be re-analysed")
+    return by_benchmark[record["benchmark"]](record)
+
+
+def _sampler_results(record: dict) -> list[dict]:
+    rows = []
+    for o in record["observations"]:
+        timings = {name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "repeats": len(ts)}
+                   for name, ts in o["seconds"].items()}
+        positions = o["batch"] * o["k"]
+        batched, reference = (positions / timings[n]["median_s"] for n in ("batched", "reference"))
+        rows.append({"batch": o["batch"], "k": o["k"], "vocab": o["vocab"], "batched_positions_per_s": batched,
+                     "reference_positions_per_s": reference, "speedup": batched / reference, "timings": timings})
+    return rows
+
+
+def decode_variants(config: dict) -> list[tuple]:
+    """Return the speculative decoders a decode record ran, in order: (gamma, rule, drafts) per gamma and
+    rule, then multi-draft decoding ("chains") at every fixed gamma and every k in ``drafts``."""
+    variants = [(g, rule, 1) for g in config["gammas"] for rule in config["rules"]]
+    if max(config["drafts"]) > 1:
+        variants += [(g, "chains", k) for g in config["gammas"] if g != "auto" for k in config["drafts"]]
+    return variants
+
+
+def _decode_calibrations(record: dict, batch: int, temperature: float) -> dict:
+    """{(rule, drafts): calibration with its costs} at one point; k chains counted in plain steps of one row."""
+    raw = {(c["rule"], c["drafts"]): c for c in record["calibrations"]
+           if c["batch"] == batch and c["temperature"] == temperature}
+    plain_step = raw[(record["config"]["rules"][0], 1)]["seconds"]["plain"]  # the plain step at batch 1
+    return {key: calibration_costs(c, plain_step if key[0] == "chains" else None) for key, c in raw.items()}
+
+
+def _decode_results(record: dict) -> list[dict]:
+    config = record["config"]
+    costs = {c["batch"]: c["seconds"] for c in record["forward_costs"]}
+    rows = []
+    for batch in config["batches"]:
+        for temperature in config["temperatures"]:
+            here = [o for o in record["observations"] if o["batch"] == batch and o["temperature"] == temperature]
+            calibrations = _decode_calibrations(record, batch, temperature)
+            for variant in decode_variants(config):
+                rows.append(_decode_row(config, here, variant, calibrations[(variant[1], variant[2])], costs[batch],
+                                        batch, temperature))
+    return rows
+
+
+def _runs(observations: list[dict], decoder, config: dict) -> list[list[dict]]:
+    """The timed runs of one decoder: runs[repeat][group]."""
+    runs = [[] for _ in range(config["repeats"])]
+    for o in observations:
+        if o["decoder"] == decoder and not o.get("timing_run"):
+            runs[o["repeat"]].append(o)
+    for repeat in runs:
+        repeat.sort(key=lambda o: o["group"])
+    return runs
+
+
+def _per_call(runs: list[dict], name: str) -> float:
+    """Mean seconds of one timed forward of model ``name``."""
+    return sum(r[f"{name}_seconds"] for r in runs) / sum(r["timed_calls"][name] for r in runs)
+
+
+def _decode_seconds(run: dict) -> float:
+    return run["seconds"] - run["prefill_seconds"]  # the decode phase: the prefill is apart
+
+
+def _decode_row(config, observations, variant, calibration, costs, batch, temperature) -> dict:
+    """One summary row of a decode record: a speculative decoder against plain decoding at one point."""
+    gamma, rule, chains = variant
+    seed, repeats, new = config["seed"], config["repeats"], config["max_new_tokens"]
+    plain, spec = _runs(observations, None, config), _runs(observations, list(variant), config)
+    groups = len(plain[0])
+    timing = [o for o in observations if o.get("timing_run")]
+    timed_plain = [r for rep in plain for r in rep] if not timing else [o for o in timing if o["decoder"] is None]
+    spec_all = [r for rep in spec for r in rep]
+    timed_spec = spec_all if not timing else [o for o in timing if o["decoder"] == list(variant)]
+    plain_group = [sum(_decode_seconds(plain[k][i]) for k in range(repeats)) for i in range(groups)]
+    spec_group = [sum(_decode_seconds(spec[k][i]) for k in range(repeats)) for i in range(groups)]
+    speedup = sum(plain_group) / sum(spec_group)
+    accepted = [a for r in spec_all for block in r["accepted"] for a in block]
+    active = [a for a in accepted if a >= 0]
+    calls = [[len(spec[k][i]["accepted"]) for k in range(repeats)] for i in range(groups)]
+    tokens_per_forward = new * len(spec_all) / sum(len(r["accepted"]) for r in spec_all)
+    target_call = _per_call(timed_plain, "target")
+    c, v = _per_call(timed_spec, "draft") / target_call, _per_call(timed_spec, "target") / target_call
+    blocks, fitted = [], None
+    if gamma == "auto":  # each block drafts one length, shared by its rows: cost it block by block
+        blocks = [max(sizes) for r in spec_all for sizes in r["lengths"] if max(sizes) > 0]
+        block_gamma = statistics.mean(blocks)
+        # with the costs the policy chose by: the calibration's non-decreasing fit
+        fitted = make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"]).v_fitted
+        v_cal = statistics.mean(interpolated(fitted, k) for k in blocks)
+        alpha = measured_acceptance_rate([r["accepted"] for r in spec_all], [r["lengths"] for r in spec_all])
+    else:
+        block_gamma, v_cal = gamma, calibration["v"][gamma]
+        alpha = measured_acceptance_rate([accepted], gamma)
+    c_cal = calibration["c"]
+    predicted = tokens_per_forward / (block_gamma * c_cal + v_cal)
+    decomposed = tokens_per_forward / (block_gamma * c + v)
+    tokens = batch * new * repeats * groups
+    return {
+        "batch": batch, "temperature": temperature, "gamma": gamma, "rule": rule, "drafts": chains,
+        "prompts": config["prompts"], "groups": groups, "repeats": repeats,
+        "speedup": speedup, "speedup_ci95": ratio_interval(plain_group, spec_group, seed),
+        "speedup_median": statistics.median(p / s for p, s in zip(plain_group, spec_group)),
+        "speedup_per_group": [p / s for p, s in zip(plain_group, spec_group)],
+        "speedup_per_repeat": [sum(map(_decode_seconds, plain[k])) / sum(map(_decode_seconds, spec[k]))
+                               for k in range(repeats)],
+        "predicted": predicted, "efficiency": speedup / predicted,
+        "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma),
+                        "v_from_alone": calibration["v_from_alone"], **({"v_fitted": fitted} if fitted else {})},
+        "mean_gamma": block_gamma,
+        # auto: how many blocks drafted each length (shared by the block's rows), over all repeats
+        **({"block_lengths": dict(sorted(collections.Counter(blocks).items()))} if blocks else {}),
+        "alpha": alpha, "tokens_per_target_forward": tokens_per_forward,
+        "tokens_per_active_block": sum(a + 1 for a in active) / len(active),
+        "tokens_per_target_forward_per_group": [new * repeats / sum(n) for n in calls],
+        "speculative_seconds_per_group": spec_group,
+        "target_calls_per_group": [sum(n) for n in calls],
+        "plain_tokens_per_s": tokens / sum(plain_group), "speculative_tokens_per_s": tokens / sum(spec_group),
+        # the cost model with an i.i.d. acceptance (Leviathan et al.), verification priced as one plain step
+        "predicted_leviathan": expected_tokens(alpha, block_gamma) / (block_gamma * c_cal + 1),
+        # in situ: the same run's own forward timings; a decomposition, not a prediction
+        "c": c, "v": v, "decomposed_speedup": decomposed, "in_situ_share": speedup / decomposed,
+        "plain_seconds": sum(plain_group), "speculative_seconds": sum(spec_group),
+        "plain_forward_seconds": sum(r["target_seconds"] for r in timed_plain),
+        "speculative_forward_seconds": sum(r["target_seconds"] + r["draft_seconds"] for r in timed_spec),
+        "plain_prefill_seconds": statistics.mean(r["prefill_seconds"] for rep in plain for r in rep),
+        "speculative_prefill_seconds": statistics.mean(r["prefill_seconds"] for r in spec_all),
+        # the forwards timed alone, back to back (warm caches): for comparison
+        "c_isolated": costs["draft_1"] / costs["target_1"],
+        "v_isolated": (costs[f"target_{gamma + 1}"] / costs["target_1"]) if gamma != "auto" else None,
+        "forward_costs_s": costs, "calibration_s": calibration["seconds"],
+        "repeat_share_median": statistics.median(s for r in spec[0] for s in r["repeat_share"]),
+        # per prompt of the first repeat: accepted drafts in each block, -1 once the row is done
+        "accepted_per_block": [list(row) for r in spec[0] for row in zip(*r["accepted"])],
+    }
+
+
+def _peer_results(record: dict) -> list[dict]:
+    config = record["config"]
+    rows = []
+    for temperature in config["temperatures"]:
+        tally = _peer_tally(record, temperature)
+        for schedule in config["schedules"]:
+            for policy in config["policies"]:
+                rows.append(_peer_row(record, tally, temperature, schedule, policy))
+    return rows
+
+
+def peer_decoder(policy: str) -> str:
+    """The decoder name of a raced policy: ``ours`` for the fixed length, ``ours_auto_block`` for auto+block."""
+    return "ours" if policy == "fixed" else f"ours_{policy.replace('+', '_')}"
+
+
+def _peer_tally(record: dict, temperature: float) -> dict:
+    """Per decoder name: per-prompt totals over repeats of seconds, blocks, drafted and accepted tokens."""
+    config = record["config"]
+    here = [o for o in record["observations"] if o["temperature"] == temperature]
+    names = list(dict.fromkeys(o["decoder"] for o in here))
+    tally = {field: {n: [0.0 if field == "seconds" else 0] * config["prompts"] for n in names}
+             for field in ("seconds", "blocks", "drafted", "accepted")}
+    greedy_equal, reference = {n: True for n in names}, {}
+    for o in sorted(here, key=lambda o: (o["repeat"], o["prompt"], names.index(o["decoder"]))):
+        for field in tally:
+            tally[field][o["decoder"]][o["prompt"]] += o[field]
+        reference.setdefault(o["prompt"], o["tokens_sha256"])
+        greedy_equal[o["decoder"]] &= o["tokens_sha256"] == reference[o["prompt"]]
+    return {**tally, "made": config["max_new_tokens"] * config["repeats"], "seed": config["seed"],
+            "greedy_equal": greedy_equal, "names": names}
+
+
+def _peer_rate(tally: dict, name: str) -> dict:
+    """Tokens per second of decoder ``name``, pooled over prompts, with its interval."""
+    seconds, made = tally["seconds"][name], tally["made"]
+    return {f"{name}_tokens_per_s": made * len(seconds) / sum(seconds),
+            f"{name}_tokens_per_s_ci95": bootstrap_interval([seconds], lambda s: made * len(s) / sum(s), tally["seed"])}
+
+
+def _peer_calls(tally: dict, name: str, label: str) -> dict:
+    """Acceptance, tokens per target call and drafts per call of decoder ``name``, with intervals."""
+    accepted, drafted, blocks = (tally[k][name] for k in ("accepted", "drafted", "blocks"))
+    made, seed = tally["made"], tally["seed"]
+    return {f"{label}_acceptance": sum(accepted) / sum(drafted),
+            f"{label}_acceptance_ci95": ratio_interval(accepted, drafted, seed),
+            f"{label}_tokens_per_call": made * len(blocks) / sum(blocks),
+            f"{label}_tokens_per_call_ci95": bootstrap_interval([blocks], lambda b: made * len(b) / sum(b), seed),
+            f"{label}_drafts_per_call": sum(drafted) / sum(blocks)}
+
+
+def _peer_ratio(tally: dict, a: str, b: str) -> tuple:
+    """Tokens per second of ``a`` over those of ``b`` (the same tokens), paired by prompt, with its interval."""
+    return speed_ratio(tally["seconds"][a], tally["seconds"][b], tally["seed"])
+
+
+def _peer_policy(record: dict, temperature: float, policy: str):
+    """The raced policy object (rebuilt from the record) and its calibration entry, or (None, None) for fixed."""
+    config = record["config"]
+    base, _, rule = policy.partition("+")
+    if base == "fixed":
+        return None, None
+    if base != "auto":
+        return make_policy(base, config["gamma"], max_gamma=config["peer_max_gamma"]), None
+    raw = next(c for c in record["calibrations"] if c["temperature"] == temperature and c["policy"] == policy)
+    calibration = calibration_costs(raw)
+    return make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"]), calibration
+
+
+def _peer_row(record: dict, tally: dict, temperature: float, schedule: str, policy: str) -> dict:
+    """One summary row of a race: this engine under ``policy`` against transformers under ``schedule``."""
+    config = record["config"]
+    hf, ours = f"hf_{schedule}", peer_decoder(policy)
+    wrapped = "ours_on_hf_models" in tally["names"]
+    rule = policy.partition("+")[2] or "token"
+    made, calibration = _peer_policy(record, temperature, policy)
+    described = made.describe() if made is not None else f"fixed {config['gamma']}"
+    over_hf, over_hf_ci = _peer_ratio(tally, ours, hf)
+    speedup, speedup_ci = _peer_ratio(tally, ours, "ours_plain")
+    hf_speedup, hf_speedup_ci = _peer_ratio(tally, hf, "hf_plain")
+    assisted = _peer_rate(tally, hf)
+    row = {"temperature": temperature, "batch": 1, "policy": policy, "rule": rule, "gamma": config["gamma"],
+           "policy_described": described + (", block verification" if rule == "block" else ""),
+           **({"calibration": {"rule": rule, "c": calibration["c"], "v": calibration["v"],
+                               "v_fitted": made.v_fitted, "v_from_alone": calibration["v_from_alone"]}}
+              if calibration else {}),
+           "hf_schedule": schedule, "prompts": config["prompts"], "repeats": config["repeats"],
+           "max_new_tokens": config["max_new_tokens"],
+           **{"ours" + k[len(ours):]: v for k, v in _peer_rate(tally, ours).items()},
+           **{k: v for name in ("ours_plain", "hf_plain", *(["ours_on_hf_models"] if wrapped else []))
+              for k, v in _peer_rate(tally, name).items()},
+           "hf_assisted_tokens_per_s": assisted[f"{hf}_tokens_per_s"],
+           "hf_assisted_tokens_per_s_ci95": assisted[f"{hf}_tokens_per_s_ci95"],
+           "ours_over_hf_assisted": over_hf, "ours_over_hf_assisted_ci95": over_hf_ci,
+           "ours_speedup": speedup, "ours_speedup_ci95": speedup_ci,
+           "hf_assisted_speedup": hf_speedup, "hf_assisted_speedup_ci95": hf_speedup_ci,
+           **_peer_calls(tally, ours, "ours"), **_peer_calls(tally, hf, "hf"),
+           **(_peer_calls(tally, "ours_on_hf_models", "ours_on_hf_models") if wrapped else {}),
+           "seconds_per_prompt": {"ours": tally["seconds"][ours],
+                                  **{n: tally["seconds"][n] for n in ("ours_plain", "hf_plain", hf)}}}
+    if wrapped:  # the decomposition at the fixed gamma: same loop, transformers' forwards
+        row["seconds_per_prompt"].update({"ours_fixed": tally["seconds"]["ours"],
+                                          "ours_on_hf_models": tally["seconds"]["ours_on_hf_models"]})
+        for label, other in (("over_hf_assisted", hf), ("over_ours_fixed", "ours")):
+            ratio, ratio_ci = _peer_ratio(tally, "ours_on_hf_models", other)
+            row[f"ours_on_hf_models_{label}"], row[f"ours_on_hf_models_{label}_ci95"] = ratio, ratio_ci
+    if temperature == 0:
+        shown = [n for n in tally["names"] if n.startswith("ours") or n in ("hf_plain", hf)]
+        row["greedy_outputs_equal"] = {n: tally["greedy_equal"][n] for n in shown if n != "ours_plain"}
+    return row
+
+
+# ---------------------------------------------------------------- comparisons of summary rows
+
+def length_prices(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
+    """Return the cost model's prices of draft-length rules from a decode record's fixed-gamma rows at
+    (``batch``, ``temperature``): speedups over plain decoding with no overhead beyond the calibrated steps
+    (efficiency 1). Prices, not bounds: a run can fall short of them (overheads) or beat them (noise in
+    the calibration).
+
+    ``fixed``: each fixed gamma's prediction (its run's tokens per target call over the calibrated block
+    cost gamma c + v(gamma)), and ``best_fixed``, the gamma with the highest. ``clairvoyant``: a rule that
+    knew, before each block, how many drafts would pass (impossible when sampling, where that depends on
+    draws not made yet), read from the blocks of the longest gamma's run: a block that accepted a >= 1
+    drafts would have drafted exactly a, emitting a + 1 tokens at cost a c + v(a); one that accepted none
+    would have skipped drafting for a plain step (one token, cost 1); one that accepted all would have
+    drafted all (its limit is the longest gamma; ``clairvoyant_capped`` is the share of blocks that hit
+    it). v between calibrated gammas is interpolated linearly. An estimate, not a bound in law: blocks of
+    other lengths would meet other contexts. Also returned, per fixed gamma, what the run measured:
+    ``speedup`` (with ``speedup_ci95``) and ``efficiency`` (speedup / price); and ``c`` and ``v``, the
+    calibration the prices use.
+    """
+    rows = {r["gamma"]: r for r in record["results"]
+            if r["batch"] == batch and r["temperature"] == temperature and r.get("rule", "token") == rule
+            and r.get("drafts", 1) == 1 and r["gamma"] != "auto"}
+    if not rows:
+        raise ValueError(f"the record has no fixed-gamma rows at batch {batch}, temperature {temperature}")
+    c = next(iter(rows.values()))["calibration"]["c"]
+    v = {g: r["calibration"]["v"] for g, r in rows.items()}
+    longest = max(rows)
+    runs = [a for seq in rows[longest]["accepted_per_block"] for a in seq if a >= 0]
+    tokens = sum(a + 1 for a in runs)
+    cost = sum(1.0 if a == 0 else a * c + interpolated(v, a) for a in runs)
+    fixed = {g: r["predicted"] for g, r in sorted(rows.items())}
+    return {"fixed": fixed, "best_fixed": max(fixed, key=fixed.get), "clairvoyant": tokens / cost,
+            "clairvoyant_blocks": len(runs), "clairvoyant_skipped": sum(a == 0 for a in runs) / len(runs),
+            "clairvoyant_capped": sum(a == longest for a in runs) / len(runs), "longest_gamma": longest,
+            "speedup": {g: r["speedup"] for g, r in sorted(rows.items())},
+            "speedup_ci95": {g: r["speedup_ci95"] for g, r in sorted(rows.items())},
+            "efficiency": {g: r["efficiency"] for g, r in sorted(rows.items())}, "c": c, "v": v}
+
+
+def _variant(row: dict) -> tuple:
+    return row["batch"], row["temperature"], row["gamma"], row.get("rule", "token"), row.get("drafts", 1)
+
+
+def compare_variants(record: dict, baseline: tuple = ("token", 1), other: tuple = ("block", 1)) -> list[dict]:
+    """Return, per (batch, T, gamma) that a decode record measured under both variants (rule, drafts),
+    ``other`` against ``baseline`` on the same prompts and seeds: each one's tokens per target call
+    (pooled, with a 95% bootstrap interval over groups of prompts), their ratio other / baseline (paired
+    over groups: the same tokens, so it is baseline calls / other calls) and the ratio of speedups
+    other / baseline (paired: baseline speculative seconds / other speculative seconds; the plain runs
+    are shared)."""
+    seed = record["config"]["seed"]
+    rows = {_variant(r): r for r in record["results"]}
+    out = []
+    for (batch, temperature, gamma, rule, k), base in rows.items():
+        if (rule, k) != tuple(baseline) or (batch, temperature, gamma, *other) not in rows:
+            continue
+        alt = rows[(batch, temperature, gamma, *other)]
+        new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
+        base_calls, alt_calls = base["target_calls_per_group"], alt["target_calls_per_group"]
+        base_seconds, alt_seconds = base["speculative_seconds_per_group"], alt["speculative_seconds_per_group"]
+        out.append({
+            "batch": batch, "temperature": temperature, "gamma": gamma, "groups": len(base_calls),
+            "baseline": list(baseline), "other": list(other),
+            "baseline_tokens_per_call": base["tokens_per_target_forward"],
+            "baseline_tokens_per_call_ci95": ratio_interval([new] * len(base_calls), base_calls, seed),
+            "other_tokens_per_call": alt["tokens_per_target_forward"],
+            "other_tokens_per_call_ci95": ratio_interval([new] * len(alt_calls), alt_calls, seed),
+            "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
+            "tokens_per_call_ratio_ci95": ratio_interval(base_calls, alt_calls, seed),
+            "baseline_speedup": base["speedup"], "other_speedup": alt["speedup"],
+            "baseline_speedup_ci95": base["speedup_ci95"], "other_speedup_ci95": alt["speedup_ci95"],
+            "speedup_ratio": sum(base_seconds) / sum(alt_seconds),
+            "speedup_ratio_ci95": ratio_interval(base_seconds, alt_seconds, seed),
+        })
+    return out

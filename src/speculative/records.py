@@ -1,0 +1,96 @@
+"""Benchmark records: what one is made of, writing one atomically, and reading one back.
+
+Explained in: notebooks/08_decoding_demo (the recorded runs).
+
+A record is one JSON object. Its schema, version :data:`SCHEMA_VERSION`, is documented here and nowhere
+else:
+
+``schema``
+    :data:`SCHEMA_VERSION`. A record without it (written before observations were kept) is schema 1.
+``benchmark``
+    ``"sampler"``, ``"decode"`` or ``"peer"``: which :mod:`speculative.bench` function wrote it.
+``what``
+    one sentence: what was measured, side by side.
+``environment``
+    :func:`speculative.timing.environment`: device, accelerator, torch, threads, CPU, Python, date; the
+    peer race adds transformers' version.
+``pair_sha256``, ``pair``, ``prompts_sha256``
+    (decode, peer) the model pair's checksum, its validation figures, and the prompts' checksum.
+``config``
+    every setting the run used (the benchmark's settings dataclass, as a dict), so that the analysis
+    needs nothing but the record.
+``observations``
+    the raw measurements, one object per timed call, each naming what it ran:
+
+    - sampler: one per (batch, vocab): ``batch``, ``vocab``, ``k``, and ``seconds``, a list of each
+      candidate's timed repeats (``batched``, ``reference``), interleaved.
+    - decode: one per (batch, temperature, decoder, repeat, group of prompts): ``decoder`` (``null`` for
+      plain decoding, else ``[gamma, rule, drafts]``), ``seconds`` (the whole call), ``prefill_seconds``,
+      ``target_seconds`` and ``draft_seconds`` (inside the forwards, when timed), ``timed_calls``,
+      ``accepted`` (per block, per row: accepted drafts, -1 where a row was not decoding), ``lengths``
+      (the cost-model policy only: per block, per row, the drafts verified), ``repeat_share`` (first
+      repeat: each row's share of repeated 8-grams) and ``timing_run`` (true for the extra run on CUDA
+      that times the forwards; its speed is not used).
+    - peer: one per (temperature, repeat, prompt, decoder name): ``seconds``, ``blocks`` (target calls
+      that emitted tokens), ``drafted``, ``accepted`` and ``tokens_sha256`` (of the emitted tokens,
+      to tell whether greedy decoders agreed).
+``calibrations``
+    (decode, peer) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the point it
+    was taken at; ``forward_costs`` (decode) the forwards timed alone.
+``results``
+    the summary: :func:`speculative.analysis.analyse` of everything above. Nothing else writes it, and
+    ``tests/test_records.py`` re-analyses every committed record of this schema and gets it back.
+
+Records of schema 1 (the ones committed before observations were kept) hold ``results`` only; chapters
+still read them through :func:`speculative.book.load_record`, but :func:`read_record` refuses them, since
+nothing in them can be re-analysed: re-record with the command in their ``config``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+SCHEMA_VERSION = 2
+
+__all__ = ["SCHEMA_VERSION", "write_record", "read_record", "schema_of"]
+
+
+def schema_of(record: dict) -> int:
+    """Return a record's schema version (1 for a record written before versions were kept)."""
+    return int(record.get("schema", 1))
+
+
+def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
+    """Write ``record`` as indented JSON to ``path`` (folders created); return the path, or None."""
+    if not path:
+        return None
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        partial.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+        partial.replace(out)  # atomic: a reader never sees half a record
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
+
+
+def read_record(path) -> dict:
+    """Return the record at ``path``; a ValueError names a file that is not a record of this schema."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no record at {path}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(record, dict) or "benchmark" not in record:
+        raise ValueError(f"{path} is not a benchmark record (no 'benchmark' field)")
+    version = schema_of(record)
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{path} is a schema-{version} record (this library reads schema {SCHEMA_VERSION}); "
+                         f"re-record it: python -m speculative bench {record['benchmark']} --out {path}")
+    return record

@@ -1,0 +1,129 @@
+"""Report: the tables and the one-line machine description that the CLI and the chapters show.
+
+Explained in: notebooks/08_decoding_demo (the recorded runs).
+
+Every function here formats what :mod:`speculative.analysis` computed (a record's ``results``); none
+computes a figure of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["describe_machine", "format_sampler_table", "format_decode_table", "format_peer_table",
+           "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
+
+
+def describe_machine(environment: dict) -> str:
+    """Return one line saying what a record was measured on: device (accelerator or CPU), torch, threads."""
+    env = environment
+    return f"{env['device']} ({env.get('accelerator') or env['cpu']}), torch {env['torch']}, {env['threads']} threads"
+
+
+SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions verified per second (batch x k per "
+                  "call, median of interleaved runs); ratio: batched / reference")
+
+
+def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
+    """Return a table: plain text, columns right-aligned (for a terminal), or Markdown (for a page)."""
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines + [""] + [f"{note}\n" for note in notes]).rstrip() + "\n"
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    lines = [" ".join(f"{cell:>{w}}" for cell, w in zip(line, widths)) for line in [headers, *rows]]
+    return "\n".join(lines + notes)
+
+
+def format_sampler_table(record: dict, markdown: bool = False) -> str:
+    """Return the sampler record as a table (plain text, or Markdown with ``markdown=True``) with a legend."""
+    rows = [[str(row["batch"]), str(row["vocab"]), f"{row['batched_positions_per_s']:,.0f}",
+             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x"] for row in record["results"]]
+    notes = [f"measured on {describe_machine(record['environment'])}", SAMPLER_LEGEND]
+    return _table(["batch", "V", "batched pos/s", "reference pos/s", "ratio"], rows, notes, markdown)
+
+
+DECODE_LEGEND = (
+    "alpha: accepted / tested drafts; tok/fwd: new tokens per row per target call; speedup: plain / speculative "
+    "decode-phase seconds, pooled over prompts and repeats, with its 95% bootstrap interval over groups of "
+    "prompts and the median over groups; c, v: a draft step and a verification step over gamma+1 positions, "
+    "relative to a plain step, calibrated apart from the runs; pred.: tok/fwd / (gamma c + v); effic.: "
+    "speedup / pred. A v below 1 (a step over gamma+1 positions cheaper than over one) is timing noise.")
+
+
+def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None,
+                        markdown: bool = False, rule: Optional[str] = None) -> str:
+    """Return the decode record (optionally one batch size, one gamma or one verification rule) as a table,
+    plain text or Markdown (``markdown=True``), with what it was measured on and a legend. A record of
+    several rules gets a rule column."""
+    rows = []
+    several = len(record["config"].get("rules", ["token"])) > 1 or max(record["config"].get("drafts", [1])) > 1
+    for row in record["results"]:
+        if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
+            continue
+        if rule is not None and row.get("rule", "token") != rule:
+            continue
+        low, high = row["speedup_ci95"]
+        times, dash = ("×", "–") if markdown else ("x", "-")
+        interval = f"{low:.2f}{dash}{high:.2f}" if low == low else "(one group)"
+        rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
+                     f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
+                     f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
+                     f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
+        if several:
+            k = row.get("drafts", 1)
+            rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if row.get("rule") == "chains" else ""))
+    config = record["config"]
+    notes = [f"measured on {describe_machine(record['environment'])}; pair {record['pair_sha256'][:12]}; "
+             f"{config['prompts']} prompts, "
+             f"{config['repeats']} repeat{'s' if config['repeats'] != 1 else ''}, {config['max_new_tokens']} new "
+             "tokens each", DECODE_LEGEND]
+    headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
+               "effic."]
+    if several:
+        headers.insert(3, "rule")
+    return _table(headers, rows, notes, markdown)
+
+
+#: The decoders the race runs on every prompt, in turn: this engine (speculative and plain, on the library's
+#: models, and speculative on the exported models wrapped by ``hf.wrap``) and transformers' ``generate``
+#: (plain, and assisted under each schedule raced).
+PEER_LEGEND = (
+    "tok/s: new tokens per second of the whole call (prefill included), pooled over prompts and repeats, "
+    "with a 95% bootstrap interval over prompts; ours/HF: the ratio of the two, paired by prompt; alpha: "
+    "accepted / drafted tokens; tok/call: new tokens per target call that emits tokens.")
+
+
+def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str] = None) -> str:
+    """Return the race as a table: one line per (temperature, transformers schedule, this engine's policy),
+    or only the rows of ``policy``. A record of several policies gets a policy column."""
+    def interval(row, key, digits=0):
+        low, high = row[f"{key}_ci95"]
+        return f"{row[key]:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+
+    several = len({r.get("policy", "fixed") for r in record["results"]}) > 1 and policy is None
+    headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
+               "alpha ours", "alpha HF", "tok/call ours", "tok/call HF"]
+    rows = []
+    for r in record["results"]:
+        if policy is not None and r.get("policy", "fixed") != policy:
+            continue
+        rows.append([f"{r['temperature']:g}",
+                     r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
+                     interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
+                     interval(r, "ours_over_hf_assisted", 2), interval(r, "hf_plain_tokens_per_s"),
+                     interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
+                     interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)])
+        if several:
+            rows[-1].insert(2, r.get("policy_described", r.get("policy", "fixed")))
+    if several:
+        headers.insert(2, "ours: policy")
+    env = record["environment"]
+    notes = [PEER_LEGEND, f"ours: token-wise unless block verification is named, fixed gamma "
+             f"{record['config']['gamma']} unless a policy is named; "
+             "batch 1; "
+             f"{record['config']['prompts']} prompts x {record['config']['repeats']} repeats, "
+             f"{record['config']['max_new_tokens']} new tokens; transformers {env['transformers']}, "
+             f"{describe_machine(env)}."]
+    return _table(headers, rows, notes, markdown)
+
