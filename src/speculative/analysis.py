@@ -23,7 +23,7 @@ from .stats import measured_acceptance_rate
 
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
            "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
-           "tokens_hash", "interval_side"]
+           "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -398,6 +398,38 @@ def _peer_row(record: dict, tally: dict, temperature: float, schedule: str, poli
 
 
 # ---------------------------------------------------------------- comparisons of summary rows
+
+def block_sequences(rows: list[dict]) -> list[list[int]]:
+    """Return one sequence of accepted counts per prompt from decode rows of several batch sizes: prompt i's
+    row from the smallest batch that decoded it (batch b decoded prompts 0 .. b-1), -1 entries dropped."""
+    seen, sequences = set(), []
+    for row in sorted(rows, key=lambda r: r["batch"]):
+        for prompt, seq in enumerate(row["accepted_per_block"]):
+            if prompt not in seen:
+                seen.add(prompt)
+                sequences.append([a for a in seq if a >= 0])
+    return sequences
+
+
+def lag1_autocorrelation(sequences: list[Sequence[float]], within_row: bool = False) -> tuple[float, int]:
+    """Return the lag-1 autocorrelation of values along each sequence (a row's accepted counts, block by
+    block) and the number of pairs it was computed from.
+
+    Centred on the pooled mean, it also picks up rows (prompts) that are easier than others; centred on
+    each row's own mean (``within_row``), it keeps only the clustering in time, with a small negative bias
+    for short rows. Under independence it is about normal with variance 1 / pairs; NaN when the values do
+    not vary.
+    """
+    import numpy as np
+
+    arrays = [np.asarray(s, dtype=float) for s in sequences]
+    pooled = np.concatenate(arrays)
+    centred = [a - (a.mean() if within_row else pooled.mean()) for a in arrays if len(a) > 1]
+    variance = np.concatenate(centred).var() if within_row else pooled.var()
+    products = np.concatenate([c[1:] * c[:-1] for c in centred])
+    with np.errstate(invalid="ignore", divide="ignore"):  # constant values: NaN, as the docstring says
+        return float(products.mean() / variance), int(products.size)
+
 
 def length_prices(record: dict, temperature: float, batch: int = 1, rule: str = "token") -> dict:
     """Return the cost model's prices of draft-length rules from a decode record's fixed-gamma rows at

@@ -255,6 +255,7 @@ class DecodeSettings:
     rules: tuple = ("token",)
     drafts: tuple = (1,)
     scheme: str = "with_replacement"
+    calibration_repeats: int = defaults.BENCH_DECODE["calibration_repeats"]  # rounds of calibrate_steps
 
     def __post_init__(self):
         from .sampler import _check_scheme
@@ -278,7 +279,7 @@ class DecodeSettings:
         if not temperatures:
             raise ValueError("gammas, temperatures and batches must each name at least one value")
         batches = _positive_ints("batch sizes", self.batches)
-        for name in ("repeats", "prompts", "max_new_tokens"):
+        for name in ("repeats", "prompts", "max_new_tokens", "calibration_repeats"):
             _positive_int(name, getattr(self, name))
         if max(drafts) > 1 and max(batches) > 1:
             raise ValueError("multi-draft decoding runs one prompt at a time (its chains are the batch): use batch 1")
@@ -374,7 +375,8 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
             costs = {}
             for rule, k in sorted({(v[1], v[2]) for v in variants}):
                 raw = calibrate_steps(pair, encode_prompts(groups[0] * k, vocab), calibrated, config, s.max_new_tokens,
-                                      seed=s.seed, rule="token" if rule == "chains" else rule)
+                                      repeats=s.calibration_repeats, seed=s.seed,
+                                      rule="token" if rule == "chains" else rule)
                 calibrations.append({**point, "rule": rule, "drafts": k,
                                      **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
                 costs[(rule, k)] = raw

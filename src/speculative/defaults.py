@@ -28,7 +28,7 @@ TRAIN_SEED = 0
 #: ``bench decode``: draft lengths, temperatures, batch sizes, prompts decoded per point (in groups of the
 #: batch size), tokens per row, timed repeats, seed.
 BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16), "prompts": 32,
-                "max_new_tokens": 128, "repeats": 2, "seed": 0}
+                "max_new_tokens": 128, "repeats": 2, "seed": 0, "calibration_repeats": 5}
 #: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
 AUTO_MAX_GAMMA = 8
 #: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'
@@ -50,7 +50,7 @@ DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_
 #: skips the claims that need a large sample (``check_claims`` is False in ``book.demo_settings``).
 #: ``audit_rows`` caps each audit case's sample (None: the audit's own sizes, ``audit.MAX_ROWS``).
 DEMO_SMOKE = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 16,
-              "repeats": 1, "distribution_rows": 1500, "task_rows": 32, "audit_rows": 500}
+              "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 500}
 #: ``bench peer``: temperatures, this engine's fixed draft length (and transformers' fixed schedule's),
 #: transformers' schedules, this engine's policies, prompts (each decoded by every decoder), tokens per
 #: prompt, timed rounds, seed.

@@ -1,0 +1,117 @@
+"""Records: every summary is recomputed from the raw observations it keeps, and records are written and read
+safely. The committed records are checked here too (the ones of the current schema are re-analysed)."""
+
+import json
+import math
+
+import pytest
+
+from conftest import save_tiny_pair
+from speculative import analysis, records
+from speculative.book import results_dir
+
+#: committed records still of schema 1 (summaries only, written before observations were kept); each
+#: must be re-recorded with the command in the README, and then leaves this list
+SCHEMA_1_RECORDS = {"decode_cpu.json", "multidraft_cpu.json", "peer_hf_cpu.json", "policy_cpu.json",
+                    "rules_cpu.json"}
+
+
+def normalised(value):
+    """``value`` as it reads back from JSON (integer keys become strings), NaN made comparable."""
+    text = json.dumps(value, sort_keys=True)
+    return json.loads(text.replace("NaN", '"NaN"'))
+
+
+@pytest.fixture(scope="module")
+def fresh_records(tmp_path_factory):
+    """A decode record (a fixed gamma and the cost model, two batch sizes, two repeats, and block
+    verification at batch 1 greedily) and a sampler record, each measured once on a tiny pair and read
+    back from JSON."""
+    from speculative.bench import bench_decode, bench_sampler
+    from speculative.pair import load_pair
+
+    folder = tmp_path_factory.mktemp("records") / "pair"
+    save_tiny_pair(folder)
+    pair = load_pair(str(folder))
+    decode = bench_decode(pair, gammas=(2, "auto"), temperatures=(1.0,), batches=(1, 2), prompts=2,
+                          max_new_tokens=8, repeats=2, calibration_repeats=1, progress=False)
+    block = bench_decode(pair, gammas=(2,), temperatures=(0.0,), batches=(1,), prompts=2, max_new_tokens=8,
+                         repeats=1, rules=("token", "block"), calibration_repeats=1, progress=False)
+    sampler = bench_sampler(batches=(2,), vocabs=(16,), repeats=2, progress=False)
+    return {name: json.loads(json.dumps(r)) for name, r in (("decode", decode), ("block", block),
+                                                             ("sampler", sampler))}
+
+
+@pytest.mark.parametrize("benchmark", ["decode", "block", "sampler"])
+def test_a_fresh_records_summary_is_its_reanalysed_observations(fresh_records, benchmark):
+    record = fresh_records[benchmark]
+    assert record["schema"] == records.SCHEMA_VERSION and record["observations"]
+    assert normalised(analysis.analyse(record)) == normalised(record["results"])
+
+
+def test_the_summary_follows_the_observations(fresh_records):
+    """Re-analysis is not an echo: a slower plain run shows up in the speedup."""
+    record = json.loads(json.dumps(fresh_records["decode"]))
+    before = analysis.analyse(record)[0]
+    plain = next(o for o in record["observations"] if o["decoder"] is None and not o.get("timing_run"))
+    plain["seconds"] += 1.0
+    after = analysis.analyse(record)[0]
+    assert after["speedup"] > before["speedup"] and after["plain_seconds"] == pytest.approx(before["plain_seconds"] + 1)
+
+
+def test_every_committed_record_is_reanalysed_or_listed_for_re_recording():
+    committed = {path.name: json.loads(path.read_text()) for path in sorted(results_dir().glob("*.json"))}
+    assert committed, "no committed records found"
+    for name, record in committed.items():
+        if records.schema_of(record) == 1:
+            assert name in SCHEMA_1_RECORDS, f"{name} is a schema-1 record not listed for re-recording"
+            continue
+        assert name not in SCHEMA_1_RECORDS, f"{name} has been re-recorded: take it off SCHEMA_1_RECORDS"
+        assert normalised(analysis.analyse(record)) == normalised(record["results"]), name
+    assert SCHEMA_1_RECORDS <= set(committed), "a listed record is no longer committed"
+
+
+def test_an_old_record_is_refused_with_one_line_saying_how_to_re_record(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"benchmark": "decode", "results": []}))
+    with pytest.raises(ValueError) as error:
+        records.read_record(old)
+    message = str(error.value)
+    assert "schema-1 record" in message and "python -m speculative bench decode --out" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="cannot be re-analysed"):
+        analysis.analyse({"benchmark": "decode", "results": []})
+    for text, expected in (("{", "is not JSON"), ("[1]", "not a benchmark record")):
+        old.write_text(text)
+        with pytest.raises(ValueError, match=expected):
+            records.read_record(old)
+
+
+def test_a_record_is_written_whole_or_not_at_all(tmp_path, fresh_records):
+    path = tmp_path / "deep" / "r.json"
+    assert records.write_record(fresh_records["sampler"], str(path)) == path
+    assert records.read_record(path) == fresh_records["sampler"]
+    with pytest.raises(TypeError):  # a value JSON cannot hold: the old record stays as it was
+        records.write_record({"benchmark": "sampler", "schema": 2, "bad": object()}, str(path))
+    assert records.read_record(path) == fresh_records["sampler"]
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no partial file left behind
+    assert records.write_record({}, None) is None
+
+
+def test_intervals_say_which_side_of_one_they_lie():
+    assert analysis.interval_side([1.1, 1.4]) == "above" and analysis.interval_side([0.5, 0.9]) == "below"
+    assert analysis.interval_side([0.9, 1.2]) == "across"
+    assert analysis.interval_side([math.nan, math.nan]) == "across"
+
+
+def test_lag1_autocorrelation_and_the_sequences_it_reads():
+    alternating, pairs = analysis.lag1_autocorrelation([[0, 1] * 4])
+    assert alternating == pytest.approx(-1.0) and pairs == 7
+    # centred on 1/2: products +1/4 four times and -1/4 three times over 7 pairs, over a variance of 1/4
+    assert analysis.lag1_autocorrelation([[0, 0, 1, 1, 0, 0, 1, 1]])[0] == pytest.approx(1 / 7)
+    # two rows, each constant: pooled, they differ (a positive correlation); within rows, nothing is left
+    rows = [[0, 0, 0], [2, 2, 2]]
+    assert analysis.lag1_autocorrelation(rows)[0] == pytest.approx(1.0)
+    assert math.isnan(analysis.lag1_autocorrelation(rows, within_row=True)[0])
+    decoded = [{"batch": 2, "accepted_per_block": [[1, -1], [2, 3, -1]]}, {"batch": 1, "accepted_per_block": [[4, 0]]}]
+    assert analysis.block_sequences(decoded) == [[4, 0], [2, 3]]  # prompt 0 from batch 1, prompt 1 from batch 2
