@@ -23,6 +23,42 @@ def save_tiny_pair(folder) -> str:
     return save_pair(folder, target, draft, {"note": "test"}, {"log": []}, prompts)
 
 
+def one_step_by_branches(target_probs, draft_probs):
+    """Return (P(emitted = x) per token, P(x drafted and accepted) per token, P(a rejection)) for one step,
+    by walking the algorithm's event tree: draft x with q(x), accept with min(1, p(x)/q(x)), else draw from
+    the normalised residual. Written apart from rule.py (only the residual is taken from it), so that the
+    rule's closed form min(p, q) + (1 - alpha) r has something independent to be checked against."""
+    from speculative.rule import normalized_residual
+
+    accepted = [0 * p for p in target_probs]
+    rejected = 0 * target_probs[0]
+    for token, q in enumerate(draft_probs):
+        if q == 0:
+            continue  # never drafted
+        accept = min(1, target_probs[token] / q)
+        accepted[token] += q * accept
+        rejected += q * (1 - accept)
+    r = normalized_residual(target_probs, draft_probs)
+    return [a + rejected * r_x for a, r_x in zip(accepted, r)], accepted, rejected
+
+
+@pytest.fixture(scope="session")
+def pair():
+    """The shipped pair, loaded once per test session (tests only read it: none may train or edit it)."""
+    from speculative.pair import load_pair
+
+    return load_pair()
+
+
+@pytest.fixture(scope="session")
+def battery():
+    """The audit's default battery, built once (about two seconds: its large tables are exact Fractions).
+    Tests only read it; its cases cache their probability tensors, so sharing them saves that work too."""
+    from speculative.audit import default_battery
+
+    return default_battery()
+
+
 @pytest.fixture
 def tiny_pair_dir(tmp_path):
     folder = tmp_path / "pair"

@@ -18,15 +18,9 @@ from speculative.evaluate import exact_two_byte_law
 from speculative.hf import export, wrap
 from speculative.hf import load_pair as load_hf_pair
 from speculative.hf import pair as hf_pair
-from speculative.pair import load_pair
 from speculative.transforms import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return load_pair()
 
 
 @pytest.mark.parametrize("name", ["target", "draft"])

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--rule", choices=("token", "block"), default="token",
                        help="the verification rule the sampler claims: token-wise, or block verification (Sun et "
                        "al.); it fixes the exact law of a whole block")
+    audit.add_argument("--case", action="append", default=None, metavar="TEXT",
+                       help="audit only the battery's cases whose name contains TEXT (repeatable; default: every "
+                       "case; chapter 09 lists them), e.g. --case 'three-token' for a quick check")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON here")
     audit.add_argument("--seed", type=int, default=0, help="seed of the drafts and of the sampler's generator")
     audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -386,12 +389,13 @@ def _check_signature(function, convention: str) -> None:
 
 
 def _run_audit(args) -> int:
-    from .audit import audit_sampler
+    from .audit import audit_sampler, select_cases
 
     function, convention, name = _load_sampler(args.sampler)
     convention = args.convention or convention
     _check_signature(function, convention)
-    report = audit_sampler(function, convention=convention, name=name, seed=args.seed,
+    cases = select_cases(args.case) if args.case else None
+    report = audit_sampler(function, convention=convention, name=name, seed=args.seed, cases=cases,
                            progress=not args.no_progress, rule=args.rule)
     print(report.table())
     if args.json:
