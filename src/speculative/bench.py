@@ -29,8 +29,8 @@ from .records import SCHEMA_VERSION
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample, rule_sampler
 from .timing import Clock, environment, median_call_seconds, synchronize
 
-__all__ = ["SamplerSettings", "DecodeSettings", "PeerSettings", "Decoder", "time_side_by_side", "bench_sampler",
-           "bench_decode", "bench_peer", "calibrate_steps", "split_policy", "race_public_pair"]
+__all__ = ["SamplerSettings", "RunSettings", "DecodeSettings", "PeerSettings", "Decoder", "time_side_by_side",
+           "bench_sampler", "bench_decode", "bench_peer", "calibrate_steps", "split_policy", "race_public_pair"]
 
 
 def _positive_ints(name: str, values, allow_empty: bool = False) -> tuple:
@@ -235,7 +235,22 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 # ---------------------------------------------------------------- plain vs speculative decoding
 
 @dataclass(frozen=True)
-class DecodeSettings:
+class RunSettings:
+    """What both decoding benchmarks fix: held-out prompts decoded, new tokens per row, timed repeats, seed
+    (defaults: :data:`defaults.BENCH_DECODE`, shared by ``bench peer``)."""
+
+    prompts: int = defaults.BENCH_DECODE["prompts"]
+    max_new_tokens: int = defaults.BENCH_DECODE["max_new_tokens"]
+    repeats: int = defaults.BENCH_DECODE["repeats"]
+    seed: int = defaults.BENCH_DECODE["seed"]
+
+    def __post_init__(self):
+        for name in ("prompts", "max_new_tokens", "repeats"):
+            _positive_int(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class DecodeSettings(RunSettings):
     """What ``bench decode`` runs (defaults: :data:`defaults.BENCH_DECODE`).
 
     ``gammas`` are draft lengths, or ``"auto"`` (the cost-model policy, calibrated at every length up to
@@ -246,19 +261,17 @@ class DecodeSettings:
     gammas: tuple = defaults.BENCH_DECODE["gammas"]
     temperatures: tuple = defaults.BENCH_DECODE["temperatures"]
     batches: tuple = defaults.BENCH_DECODE["batches"]
-    max_new_tokens: int = defaults.BENCH_DECODE["max_new_tokens"]
-    repeats: int = defaults.BENCH_DECODE["repeats"]
-    seed: int = defaults.BENCH_DECODE["seed"]
-    prompts: int = defaults.BENCH_DECODE["prompts"]
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    rules: tuple = ("token",)
-    drafts: tuple = (1,)
-    scheme: str = "with_replacement"
+    top_k: Optional[int] = None  # keep the k likeliest tokens (both models); None: all
+    top_p: Optional[float] = None  # keep the smallest head of mass >= top_p (both models); None: all
+    rules: tuple = defaults.BENCH_DECODE["rules"]
+    drafts: tuple = defaults.BENCH_DECODE["drafts"]
+    scheme: str = defaults.BENCH_DECODE["scheme"]
     calibration_repeats: int = defaults.BENCH_DECODE["calibration_repeats"]  # rounds of calibrate_steps
 
     def __post_init__(self):
         from .sampler import _check_scheme
+
+        super().__post_init__()
 
         gammas = tuple(self.gammas)
         fixed = [g for g in gammas if g != "auto"]
@@ -279,8 +292,7 @@ class DecodeSettings:
         if not temperatures:
             raise ValueError("gammas, temperatures and batches must each name at least one value")
         batches = _positive_ints("batch sizes", self.batches)
-        for name in ("repeats", "prompts", "max_new_tokens", "calibration_repeats"):
-            _positive_int(name, getattr(self, name))
+        _positive_int("calibration_repeats", self.calibration_repeats)
         if max(drafts) > 1 and max(batches) > 1:
             raise ValueError("multi-draft decoding runs one prompt at a time (its chains are the batch): use batch 1")
         if max(batches) > self.prompts:
@@ -472,31 +484,28 @@ def split_policy(name: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class PeerSettings:
+class PeerSettings(RunSettings):
     """What ``bench peer`` races (defaults: :data:`defaults.BENCH_PEER`): temperatures, this engine's fixed
     draft length (and the fixed schedule's), transformers' schedules, this engine's draft-length policies
-    (``name`` or ``name+block``), prompts, new tokens per prompt, timed rounds and seed."""
+    (``name`` or ``name+block``); prompts, new tokens, timed rounds and seed as :class:`RunSettings`."""
 
     temperatures: tuple = defaults.BENCH_PEER["temperatures"]
     gamma: int = defaults.BENCH_PEER["gamma"]
     schedules: tuple = defaults.BENCH_PEER["schedules"]
     policies: tuple = defaults.BENCH_PEER["policies"]
-    prompts: int = defaults.BENCH_PEER["prompts"]
-    max_new_tokens: int = defaults.BENCH_PEER["max_new_tokens"]
-    repeats: int = defaults.BENCH_PEER["repeats"]
-    seed: int = defaults.BENCH_PEER["seed"]
 
     def __post_init__(self):
         from .hf import HF_SCHEDULES
         from .policy import POLICIES
+
+        super().__post_init__()
 
         policies, schedules, temperatures = tuple(self.policies), tuple(self.schedules), tuple(self.temperatures)
         if not policies or len({split_policy(p) for p in policies}) != len(policies) or any(
                 split_policy(p)[0] not in POLICIES for p in policies):
             raise ValueError(f"policies must be distinct names among {', '.join(POLICIES)}, each optionally with "
                              f"+block, got {list(policies)}")
-        for name in ("gamma", "prompts", "max_new_tokens", "repeats"):
-            _positive_int(name, getattr(self, name))
+        _positive_int("gamma", self.gamma)
         if not temperatures or any(t < 0 for t in temperatures):
             raise ValueError(f"temperatures must be >= 0, got {list(temperatures)}")
         if not schedules or any(s not in HF_SCHEDULES for s in schedules):

@@ -28,7 +28,8 @@ TRAIN_SEED = 0
 #: ``bench decode``: draft lengths, temperatures, batch sizes, prompts decoded per point (in groups of the
 #: batch size), tokens per row, timed repeats, seed.
 BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16), "prompts": 32,
-                "max_new_tokens": 128, "repeats": 2, "seed": 0, "calibration_repeats": 5}
+                "max_new_tokens": 128, "repeats": 2, "seed": 0, "calibration_repeats": 5,
+                "rules": ("token",), "drafts": (1,), "scheme": "with_replacement"}
 #: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
 AUTO_MAX_GAMMA = 8
 #: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'
@@ -52,10 +53,9 @@ DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_
 DEMO_SMOKE = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 16,
               "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 500}
 #: ``bench peer``: temperatures, this engine's fixed draft length (and transformers' fixed schedule's),
-#: transformers' schedules, this engine's policies, prompts (each decoded by every decoder), tokens per
-#: prompt, timed rounds, seed.
-BENCH_PEER = {"temperatures": (0.0, 1.0), "gamma": 4, "schedules": ("default", "fixed"), "policies": ("fixed",),
-              "prompts": 32, "max_new_tokens": 128, "repeats": 2, "seed": 0}
+#: transformers' schedules, this engine's policies; its prompts, tokens per prompt, timed rounds and seed
+#: are ``bench decode``'s (above).
+BENCH_PEER = {"temperatures": (0.0, 1.0), "gamma": 4, "schedules": ("default", "fixed"), "policies": ("fixed",)}
 #: The confidence stop's threshold: drafting stops after a token the draft gave less than this probability
 #: (transformers' default ``assistant_confidence_threshold``).
 CONFIDENCE_THRESHOLD = 0.4
