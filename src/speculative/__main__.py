@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | audit | bench sampler | bench decode | train``.
+"""Command line: ``python -m speculative verify | audit | bench sampler|decode|peer | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 
@@ -110,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,train}",
                                      parser_class=_Parser)
 
+    _add_verify_and_audit(commands, formatter)
+    _add_bench(commands, formatter)
+    _add_train(commands, formatter)
+    return parser
+
+
+def _add_verify_and_audit(commands, formatter) -> None:
+    """The ``verify`` and ``audit`` commands."""
     verify = commands.add_parser("verify", help="check the rule exactly, print every pitfall's exact law and "
                                  "the exact gains of block verification and of several drafts",
                                  formatter_class=formatter)
@@ -136,9 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     audit.set_defaults(run=_run_audit)
 
+
+
+def _add_bench(commands, formatter) -> None:
+    """The ``bench`` command and its benchmarks."""
     bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record",
                                 formatter_class=formatter)
-    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode}", parser_class=_Parser)
+    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode,peer}", parser_class=_Parser)
+    _add_bench_sampler(targets, formatter)
+    _add_bench_decode(targets, formatter)
+    _add_bench_peer(targets, formatter)
+
+
+def _add_bench_sampler(targets, formatter) -> None:
+    """``bench sampler``: the batched sampler against the per-row reference."""
     s = defaults.BENCH_SAMPLER
     sampler = targets.add_parser("sampler", help="the batched rejection sampler vs the plain per-row reference",
                                  formatter_class=formatter)
@@ -152,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     sampler.set_defaults(run=_run_bench_sampler)
 
+
+
+def _add_bench_decode(targets, formatter) -> None:
+    """``bench decode``: plain against speculative decoding."""
     d = defaults.BENCH_DECODE
     decode = targets.add_parser("decode", help="plain vs speculative decoding on the model pair",
                                 formatter_class=formatter)
@@ -162,12 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--top-k", type=_int, default=None, help="keep the k likeliest tokens (both models)")
     decode.add_argument("--top-p", type=_top_p, default=None, help="keep the smallest head of mass >= p (both models)")
     decode.add_argument("--batch", type=_ints, default=list(d["batches"]), metavar="B[,B...]", help="batch sizes")
-    decode.add_argument("--rule", type=_rules, default=["token"], metavar="R[,R...]",
+    decode.add_argument("--rule", type=_rules, default=list(d["rules"]), metavar="R[,R...]",
                         help="verification rules, side by side: token (token-wise), block (block verification)")
-    decode.add_argument("--drafts", type=_ints, default=[1], metavar="K[,K...]",
+    decode.add_argument("--drafts", type=_ints, default=list(d["drafts"]), metavar="K[,K...]",
                         help="draft chains per block; K > 1 runs multi-draft decoding (batch 1, token-wise chains)")
     decode.add_argument("--scheme", choices=("with_replacement", "without_replacement", "top_k"),
-                        default="with_replacement", help="how the K chains' first tokens are drawn")
+                        default=d["scheme"], help="how the K chains' first tokens are drawn")
     decode.add_argument("--prompts", type=_int, default=d["prompts"],
                         help="held-out prompts decoded per point, in groups of the batch size")
     decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
@@ -185,26 +208,38 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     decode.set_defaults(run=_run_bench_decode)
 
+
+
+def _add_bench_peer(targets, formatter) -> None:
+    """``bench peer``: this engine against transformers' assisted generation."""
     peer = targets.add_parser("peer", help="this engine vs transformers' assisted generation on the exported pair",
                               formatter_class=formatter)
-    peer.add_argument("--temperature", type=_temperatures, default=[0.0, 1.0], metavar="T[,T...]",
+    d, e = defaults.BENCH_DECODE, defaults.BENCH_PEER  # the race's prompts, tokens, repeats and seed are decode's
+    peer.add_argument("--temperature", type=_temperatures, default=list(e["temperatures"]), metavar="T[,T...]",
                       help="temperatures, 0 = greedy")
-    peer.add_argument("--gamma", type=_int, default=4, help="this engine's draft length, and the fixed schedule's")
-    peer.add_argument("--schedules", type=_schedules, default=["default", "fixed"], metavar="S[,S...]",
+    peer.add_argument("--gamma", type=_int, default=e["gamma"],
+                      help="this engine's draft length, and the fixed schedule's")
+    peer.add_argument("--schedules", type=_schedules, default=list(e["schedules"]), metavar="S[,S...]",
                       help="transformers' draft-length schedules: default, fixed, heuristic")
-    peer.add_argument("--policies", type=_policies, default=["fixed"], metavar="P[,P...]",
+    peer.add_argument("--policies", type=_policies, default=list(e["policies"]), metavar="P[,P...]",
                       help="this engine's draft-length policies: fixed (at --gamma), heuristic, confidence, auto; "
                            "name+block verifies by block verification (e.g. auto+block)")
-    peer.add_argument("--prompts", type=_int, default=32, help="held-out prompts, each decoded by every decoder")
-    peer.add_argument("--max-new-tokens", type=_int, default=128, help="tokens generated per prompt")
-    peer.add_argument("--repeats", type=_int, default=2, help="timed rounds over the prompts, after a warm-up")
-    peer.add_argument("--seed", type=int, default=0, help="seed of the sampling generators")
+    peer.add_argument("--prompts", type=_int, default=d["prompts"],
+                      help="held-out prompts, each decoded by every decoder")
+    peer.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per prompt")
+    peer.add_argument("--repeats", type=_int, default=d["repeats"],
+                      help="timed rounds over the prompts, after a warm-up")
+    peer.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
     peer.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     peer.add_argument("--dtype", choices=_DTYPES, default="float32", help="weights and cache dtype")
     peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
     peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     peer.set_defaults(run=_run_bench_peer)
 
+
+
+def _add_train(commands, formatter) -> None:
+    """The ``train`` command."""
     train = commands.add_parser("train", help="train a target and a draft on the stdlib corpus and save the pair "
                                 "(defaults: the shipped pair's shapes and budgets)", formatter_class=formatter)
     train.add_argument("--out", required=True, help="folder for the pair (the shipped one is src/speculative/pair)")
@@ -229,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     train.set_defaults(run=_run_train)
-    return parser
 
 
 def _run_bench_decode(args) -> int:
     import torch
 
-    from .bench import bench_decode, format_decode_table, write_record
+    from .bench import DecodeSettings, bench_decode
     from .pair import load_pair
+    from .report import format_decode_table
 
     if (args.hf_target is None) != (args.hf_draft is None):
         raise ValueError("pass both --hf-target and --hf-draft, or neither")
@@ -248,27 +283,33 @@ def _run_bench_decode(args) -> int:
 
         text = [p.decode("utf-8", errors="replace") for p in pair.prompts]
         pair = load_hf_pair(args.hf_target, args.hf_draft, text, device=args.device, dtype=getattr(torch, args.dtype))
-    record = bench_decode(pair, args.gamma, args.temperature, args.batch, args.max_new_tokens, args.repeats,
-                          args.seed, prompts=args.prompts, progress=not args.no_progress, top_k=args.top_k,
-                          top_p=args.top_p, rules=args.rule, drafts=args.drafts, scheme=args.scheme)
-    print(format_decode_table(record))
-    path = write_record(record, args.out)
-    if path:
-        print(f"record written to {path}")
-    return 0
+    settings = DecodeSettings(gammas=args.gamma, temperatures=args.temperature, batches=args.batch,
+                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
+                              prompts=args.prompts, top_k=args.top_k, top_p=args.top_p, rules=args.rule,
+                              drafts=args.drafts, scheme=args.scheme)
+    return _write(bench_decode(pair, settings, progress=not args.no_progress), format_decode_table, args.out)
 
 
 def _run_bench_peer(args) -> int:
     import torch
 
-    from .bench import bench_peer, format_peer_table, write_record
+    from .bench import PeerSettings, bench_peer
     from .pair import load_pair
+    from .report import format_peer_table
 
     pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
-    record = bench_peer(pair, args.temperature, args.gamma, args.schedules, args.prompts, args.max_new_tokens,
-                        args.repeats, args.seed, progress=not args.no_progress, policies=args.policies)
-    print(format_peer_table(record))
-    path = write_record(record, args.out)
+    settings = PeerSettings(temperatures=args.temperature, gamma=args.gamma, schedules=args.schedules,
+                            policies=args.policies, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                            repeats=args.repeats, seed=args.seed)
+    return _write(bench_peer(pair, settings, progress=not args.no_progress), format_peer_table, args.out)
+
+
+def _write(record: dict, table, out: Optional[str]) -> int:
+    """Print a record's table and write the record to ``out`` (if given); return exit status 0."""
+    from .records import write_record
+
+    print(table(record))
+    path = write_record(record, out)
     if path:
         print(f"record written to {path}")
     return 0
@@ -407,15 +448,12 @@ def _run_audit(args) -> int:
 
 
 def _run_bench_sampler(args) -> int:
-    from .bench import bench_sampler, format_sampler_table, write_record
+    from .bench import SamplerSettings, bench_sampler
+    from .report import format_sampler_table
 
-    record = bench_sampler(args.batch, args.vocab, args.k, args.repeats, args.seed, args.device,
-                           progress=not args.no_progress)
-    print(format_sampler_table(record))
-    path = write_record(record, args.out)
-    if path:
-        print(f"record written to {path}")
-    return 0
+    settings = SamplerSettings(batches=args.batch, vocabs=args.vocab, k=args.k, repeats=args.repeats, seed=args.seed,
+                               device=args.device)
+    return _write(bench_sampler(settings, progress=not args.no_progress), format_sampler_table, args.out)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
