@@ -115,3 +115,14 @@ def test_lag1_autocorrelation_and_the_sequences_it_reads():
     assert math.isnan(analysis.lag1_autocorrelation(rows, within_row=True)[0])
     decoded = [{"batch": 2, "accepted_per_block": [[1, -1], [2, 3, -1]]}, {"batch": 1, "accepted_per_block": [[4, 0]]}]
     assert analysis.block_sequences(decoded) == [[4, 0], [2, 3]]  # prompt 0 from batch 1, prompt 1 from batch 2
+
+
+def test_rows_are_looked_up_by_their_fields_and_a_miss_names_itself():
+    record = {"benchmark": "decode", "results": [{"batch": 1, "gamma": 4}, {"batch": 1, "gamma": 4, "rule": "block"},
+                                                 {"batch": 4, "gamma": 4, "rule": "token"}]}
+    assert analysis.row_where(record, batch=1, rule="token") == {"batch": 1, "gamma": 4}  # no rule: token-wise
+    assert analysis.rows_where(record, gamma=4, drafts=1) == record["results"]
+    with pytest.raises(ValueError, match="3 rows of the decode record have gamma=4; expected one"):
+        analysis.row_where(record, gamma=4)
+    with pytest.raises(ValueError, match="0 rows"):
+        analysis.row_where(record, batch=16)

@@ -23,7 +23,8 @@ from .stats import measured_acceptance_rate
 
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
            "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
-           "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation"]
+           "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
+           "row_where"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -397,7 +398,23 @@ def _peer_row(record: dict, tally: dict, temperature: float, schedule: str, poli
     return row
 
 
-# ---------------------------------------------------------------- comparisons of summary rows
+# ---------------------------------------------------------------- looking rows up, and comparing them
+
+def rows_where(record: dict, **fields) -> list[dict]:
+    """Return a record's summary rows whose ``fields`` all have the given values (a missing ``rule`` reads
+    as "token" and a missing ``drafts`` as 1, as in records written before they were kept)."""
+    implied = {"rule": "token", "drafts": 1}
+    return [r for r in record["results"] if all(r.get(k, implied.get(k)) == v for k, v in fields.items())]
+
+
+def row_where(record: dict, **fields) -> dict:
+    """Return the one summary row with the given ``fields``; a ValueError says when none or several match."""
+    found = rows_where(record, **fields)
+    if len(found) != 1:
+        shown = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        raise ValueError(f"{len(found)} rows of the {record.get('benchmark', '?')} record have {shown}; expected one")
+    return found[0]
+
 
 def block_sequences(rows: list[dict]) -> list[list[int]]:
     """Return one sequence of accepted counts per prompt from decode rows of several batch sizes: prompt i's
