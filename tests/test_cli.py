@@ -5,8 +5,8 @@ import json
 import pytest
 
 from speculative.__main__ import main
-from speculative.bench import DECODE_LEGEND, SAMPLER_LEGEND
 from speculative.pair import load_pair
+from speculative.report import DECODE_LEGEND, SAMPLER_LEGEND
 
 
 def test_verify_prints_the_seed_example_and_every_pitfall(capsys):
@@ -94,7 +94,7 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
 
 
 def test_repeat_share_counts_repeated_eight_grams():
-    from speculative.bench import repeat_share
+    from speculative.analysis import repeat_share
 
     # 27 tokens: the 20 generated positions that end an 8-gram; the third period repeats the second (9)
     assert repeat_share(list(b"abcdefgh" * 3), list(b"xyz")) == pytest.approx(9 / 20)
@@ -221,7 +221,7 @@ def test_verify_prints_the_block_and_multi_draft_tables(capsys):
 
 
 def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
-    from speculative.bench import compare_variants
+    from speculative.analysis import compare_variants
 
     out = tmp_path / "rules.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2", "--temperature", "0,1",

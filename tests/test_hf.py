@@ -217,6 +217,7 @@ def test_load_pair_reads_saved_checkpoints_offline(tmp_path):
 def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
     import json
 
+    from speculative import analysis
     from speculative.__main__ import main
 
     out = tmp_path / "peer.json"
@@ -225,6 +226,9 @@ def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
     record = json.loads(out.read_text())
     assert record["environment"]["transformers"] and record["config"]["schedules"] == ["default", "fixed"]
     rows = record["results"]
+    # the summary is the analysis of the observations the race kept (re-analysed after the JSON round trip)
+    assert json.dumps(analysis.analyse(record), sort_keys=True) == json.dumps(rows, sort_keys=True)
+    assert len(record["observations"]) == 2 * 1 * 2 * 6  # temperatures x repeats x prompts x decoders
     assert sorted((r["temperature"], r["hf_schedule"]) for r in rows) == [(0.0, "default"), (0.0, "fixed"),
                                                                         (1.0, "default"), (1.0, "fixed")]
     for row in rows:
@@ -289,7 +293,8 @@ def test_bench_decode_runs_the_shipped_pair_in_bfloat16(tmp_path):
 
 def test_the_gpu_sections_race_runs_on_tiny_checkpoints(tmp_path):
     # chapter 08 calls race_public_pair on CUDA with a public pair; here the same code on CPU, offline
-    from speculative.hf import public_pair_names, race_public_pair
+    from speculative.bench import race_public_pair
+    from speculative.hf import public_pair_names
 
     tokenizer = byte_tokenizer()
     for name, model in (("t", tiny("gpt2", 1, vocab=256, context=512)),

@@ -218,19 +218,19 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
 def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
     """On tiny models a block can time faster than its draft steps (CI saw v(7) = -0.28): the loop's v is
     then unmeasurable, so v_alone stands in, is listed, and the cost model still builds."""
-    from speculative.bench import _step_costs, per_plain_step
+    from speculative.analysis import calibration_costs, step_costs
 
     seconds = {"plain": 2.0, "draft": 1.0, "block_1": 3.0, "block_2": 1.9, "verify_1": 2.2, "verify_2": 2.4}
-    costs = _step_costs(seconds, [1, 2], seconds["plain"])
+    costs = step_costs(seconds, [1, 2], seconds["plain"])
     assert costs["c"] == 0.5 and costs["v"] == {1: 1.0, 2: 1.2} and costs["v_from_alone"] == [2]
     assert costs["v_alone"] == {1: 1.1, 2: 1.2}
-    rebased = per_plain_step({"seconds": seconds, **costs}, 4.0)
+    rebased = calibration_costs({"seconds": seconds}, 4.0)
     assert rebased["v"] == {1: 0.5, 2: 0.6} and rebased["v_from_alone"] == [2]
     assert make_policy("auto", calibration=costs, max_gamma=2).length((0.0, 0.0)) in (1, 2)
 
 
 def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
-    from speculative.bench import length_prices
+    from speculative.analysis import length_prices
 
     def row(gamma, predicted, v, runs, **extra):
         return {"batch": 1, "temperature": 1.0, "gamma": gamma, "rule": "token", "drafts": 1, "predicted": predicted,
@@ -279,13 +279,18 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
 
     import speculative.bench as bench
     from speculative.__main__ import main
+    from speculative.analysis import calibration_costs, interpolated
 
     real, raw = bench.calibrate_steps, {}
 
     def noisy(*args, **kwargs):  # v(2) timed at a tenth of v(1): a violation the fit pools away
-        calibration = real(*args, **kwargs)
-        raw.update({**calibration["v"], 2: calibration["v"][1] / 10})
-        return {**calibration, "v": dict(raw)}
+        measured = real(*args, **kwargs)
+        seconds, v1 = dict(measured["seconds"]), measured["v"][1]
+        seconds["block_2"] = 2 * seconds["draft"] + seconds["plain"] * v1 / 10
+        calibration = calibration_costs({"seconds": seconds, "rounds": {}, "repeats": 1})
+        raw.update(calibration["v"])
+        assert raw[2] == pytest.approx(raw[1] / 10)
+        return calibration
 
     monkeypatch.setattr(bench, "calibrate_steps", noisy)
     out = tmp_path / "auto.json"
@@ -297,10 +302,10 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     assert fitted[1] == fitted[2]  # pooled: v(1) and v(2) share their mean
     assert all(a <= b for a, b in zip(list(fitted.values()), list(fitted.values())[1:]))
     counts = {int(k): n for k, n in row["block_lengths"].items()}
-    priced = sum(n * bench._interpolated(fitted, k) for k, n in counts.items()) / sum(counts.values())
+    priced = sum(n * interpolated(fitted, k) for k, n in counts.items()) / sum(counts.values())
     assert row["calibration"]["v"] == pytest.approx(priced, rel=1e-12)
     # the blocks' lengths make the two pricings differ: this test would see the raw costs used instead
-    by_raw = sum(n * bench._interpolated(raw, k) for k, n in counts.items()) / sum(counts.values())
+    by_raw = sum(n * interpolated(raw, k) for k, n in counts.items()) / sum(counts.values())
     assert abs(by_raw - priced) > 1e-6 * priced
     assert row["mean_gamma"] == pytest.approx(sum(k * n for k, n in counts.items()) / sum(counts.values()))
     assert row["predicted"] == pytest.approx(
