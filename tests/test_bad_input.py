@@ -32,7 +32,7 @@ def test_bad_distribution(probs, message):
     with pytest.raises(ValueError, match=message):
         rule.output_distribution(probs, P)
     with pytest.raises(ValueError, match=message):
-        exact.one_step_law(P, probs)
+        exact.multi_draft_step(P, probs, 1)
 
 
 def test_float_sum_tolerance_is_the_stated_one():

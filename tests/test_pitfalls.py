@@ -27,7 +27,16 @@ def test_at_least_ten_pitfalls_each_documented():
 
 
 def test_exact_correct_is_the_rule():
+    import random
+
+    from speculative.exact import random_rational_distribution
+
     assert pitfalls.exact_correct(list(SEED_P), list(SEED_Q)) == extend(output_distribution(SEED_P, SEED_Q))
+    rng = random.Random(5)  # the gallery's listing and the rule's closed form agree on any pair, zeros included
+    for _ in range(300):
+        size = rng.randint(1, 8)
+        p, q = random_rational_distribution(size, rng), random_rational_distribution(size, rng)
+        assert pitfalls.exact_correct(p, q) == extend(output_distribution(p, q))
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from fractions import Fraction as F
 
 import pytest
 
+from conftest import one_step_by_branches
 from speculative import rule
-from speculative.exact import one_step_law
 
 SEED_P = [F(1, 2), F(3, 10), F(1, 5)]  # target p over {A, B, C}
 SEED_Q = [F(1, 5), F(1, 2), F(3, 10)]  # draft q
@@ -33,10 +33,10 @@ def test_acceptance_probability_per_token():
 
 
 def test_branch_enumeration_agrees_with_closed_form():
-    law = one_step_law(SEED_P, SEED_Q)
-    assert law["output"] == SEED_P
-    assert law["accepted"] == rule.accepted_mass(SEED_P, SEED_Q)
-    assert law["rejected"] == rule.rejection_mass(SEED_P, SEED_Q)
+    output, accepted, rejected = one_step_by_branches(SEED_P, SEED_Q)
+    assert output == rule.output_distribution(SEED_P, SEED_Q) == SEED_P
+    assert accepted == rule.accepted_mass(SEED_P, SEED_Q)
+    assert rejected == rule.rejection_mass(SEED_P, SEED_Q)
 
 
 def test_p_equals_q_never_divides(monkeypatch):
@@ -54,7 +54,7 @@ def test_p_equals_q_never_divides(monkeypatch):
     assert rule.acceptance_rate(p, p) == 1
     assert rule.output_distribution(p, p) == p
     assert rule.normalized_residual(p, p) == p  # the unreachable branch falls back to p, not NaN
-    assert one_step_law(p, p)["output"] == p
+    assert one_step_by_branches(p, p)[0] == p
 
 
 def test_p_equals_q_in_floats_gives_no_nan():

@@ -24,7 +24,6 @@ __all__ = [
     "ToyModel",
     "random_rational_distribution",
     "RandomTableModel",
-    "one_step_law",
     "speculative_block_law",
     "speculative_sequence_law",
     "target_sequence_law",
@@ -88,27 +87,6 @@ class RandomTableModel:
                 self.vocab_size, rng, self.max_weight, self.zero_chance
             )
         return self._table[context]
-
-
-def one_step_law(target_probs: Sequence, draft_probs: Sequence) -> dict[str, object]:
-    """Return the exact law of one speculative step, branch by branch.
-
-    The result has ``output`` (P(emitted = x) per token), ``accepted`` (P(x drafted and accepted)),
-    ``rejected`` (P(a rejection)) and ``residual`` (the normalised residual r). It walks the algorithm's
-    event tree: draft x with probability q(x), accept with min(1, p(x)/q(x)), else draw from r.
-    """
-    target, draft = validate_pair(target_probs, draft_probs)
-    accepted = [0 * p for p in target]
-    rejected = 0 * target[0]
-    for token, q in enumerate(draft):
-        if q == 0:
-            continue  # never drafted
-        accept = min(1, target[token] / q)
-        accepted[token] += q * accept
-        rejected += q * (1 - accept)
-    r = normalized_residual(target, draft)
-    output = list(accepted) if rejected == 0 else [a + rejected * ri for a, ri in zip(accepted, r)]
-    return {"output": output, "accepted": accepted, "rejected": rejected, "residual": r}
 
 
 def _check_gamma(gamma: int) -> None:
