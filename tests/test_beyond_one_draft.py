@@ -213,6 +213,17 @@ def _fit(rows, law):
     return stats.goodness_of_fit(counts, probs)
 
 
+def _bonus_from_draft(law, draft, gamma):
+    """The law ``law`` would have if the bonus token (after all gamma drafts are kept) came from the draft's
+    q instead of the target's p: the mass of each kept block is spread over the next token by q."""
+    wrong = {o: v for o, v in law.items() if len(o) <= gamma}
+    for prefix in {o[:-1] for o in law if len(o) == gamma + 1}:
+        kept = sum(v for o, v in law.items() if len(o) == gamma + 1 and o[:-1] == prefix)
+        for y, q_y in enumerate(draft(prefix)):
+            wrong[prefix + (y,)] = kept * q_y
+    return wrong
+
+
 @pytest.mark.parametrize("vocab, gamma, seed", [(3, 3, 30), (2, 4, 31), (4, 2, 32)])
 def test_block_sampler_follows_the_exact_block_law(vocab, gamma, seed):
     target, draft = _pair(vocab, seed)
@@ -222,12 +233,18 @@ def test_block_sampler_follows_the_exact_block_law(vocab, gamma, seed):
     out = block_verify_sample(tokens, q, p, generator)
     law = exact.block_verification_law(target, draft, (), gamma)
     assert _fit(out.rows(), law).p_value >= stats.FALSE_ALARM_RATE
-    # Power: the token-wise law (what a block path that reuses the token-wise rule emits, vllm-ascend #7807)
+    # Power, from exact wrong laws: the token-wise law (what a block path that reuses the token-wise rule
+    # emits, vllm-ascend #7807) and the bonus token drawn from q instead of p; this sample rejects each one
+    # that differs from the block law with probability > 0.99, and on every parametrisation one does
     token_law = exact.speculative_block_law(target, draft, (), gamma)
-    outcomes = sorted(set(law) | set(token_law))
-    power = stats.power(n, [float(law.get(o, 0)) for o in outcomes], [float(token_law.get(o, 0)) for o in outcomes])
+    differing = [wrong for wrong in (token_law, _bonus_from_draft(law, draft, gamma))
+                 if exact.law_total_variation(law, wrong) > 0]
+    assert differing
+    for wrong in differing:
+        outcomes = sorted(set(law) | set(wrong))
+        right_probs, wrong_probs = ([float(x.get(o, 0)) for o in outcomes] for x in (law, wrong))
+        assert stats.power(n, right_probs, wrong_probs) > 0.99
     if exact.law_total_variation(law, token_law) > F(1, 100):
-        assert power > 0.99
         token_out = rejection_sample(tokens, q, p, generator)
         assert _fit(token_out.rows(), law).p_value < stats.FALSE_ALARM_RATE  # sabotage: the other rule fails
 
@@ -338,10 +355,10 @@ def test_block_sampler_refuses_bad_input_like_the_token_wise_one():
 
 
 @pytest.mark.slow
-def test_the_audit_passes_block_verification_and_tells_the_two_rules_apart():
-    from speculative.audit import audit_sampler, default_battery
+def test_the_audit_passes_block_verification_and_tells_the_two_rules_apart(battery):
+    from speculative.audit import audit_sampler
 
-    cases = [c for c in default_battery() if c.law == "block" and c.gamma >= 2][:3]
+    cases = [c for c in battery if c.law == "block" and c.gamma >= 2][:3]
     assert audit_sampler(block_verify_sample, rule="block", cases=cases).passed
     # each rule audited as the other fails: the audit's block law tells them apart
     assert not audit_sampler(block_verify_sample, rule="token", cases=cases).passed
@@ -354,6 +371,11 @@ def test_the_audit_passes_block_verification_and_tells_the_two_rules_apart():
 # two pairs: the second is one where judging without-replacement drafts against the plain q is wrong
 PAIRS = [([F(1, 2), F(1, 4), F(1, 8), F(1, 8)], [F(1, 8), F(1, 4), F(1, 2), F(1, 8)]),
          ([F(7, 10), F(1, 5), F(1, 10), F(0)], [F(1, 10), F(1, 10), F(4, 5), F(0)])]
+
+
+def _joint(law):
+    """A multi-draft step's law as the cells the sampler test counts: accepted y, then all rejected and y."""
+    return [float(a) for a in law["accepted"]] + [float(f) for f in law["residual"]]
 
 
 @pytest.mark.parametrize("scheme", exact.SCHEMES)
@@ -369,7 +391,20 @@ def test_multi_draft_sampler_follows_the_exact_step_law(scheme, drafts, pair):
     out = multi_draft_sample(candidates, draft, target, generator, scheme=scheme, threshold=0.5)
     law = exact.multi_draft_step(p, q, drafts, scheme, F(1, 2))
     # the joint law of (accepted?, token): P(token y accepted) and P(all rejected, final y)
-    joint = [float(a) for a in law["accepted"]] + [float(f) for f in law["residual"]]
+    joint = _joint(law)
+    # Power, from exact wrong laws: the final token drawn from p instead of the residual, one candidate
+    # fewer verified, another scheme's rule; this sample rejects each one that differs from the joint law
+    # with probability > 0.99, and on every parametrisation one does
+    rejected = sum(law["residual"])
+    wrongs = [[float(a) for a in law["accepted"]] + [float(rejected * p_y) for p_y in p]]
+    if drafts > 1:
+        wrongs.append(_joint(exact.multi_draft_step(p, q, drafts - 1, scheme, F(1, 2))))
+    wrongs += [_joint(exact.multi_draft_step(p, q, drafts, other, F(1, 2)))
+               for other in exact.SCHEMES if other != scheme]
+    differing = [wrong for wrong in wrongs if wrong != joint]
+    assert differing
+    for wrong in differing:
+        assert stats.power(n, joint, wrong) > 0.99, wrong
     cells = torch.where(out.chosen >= 0, out.token, out.token + 4)
     counts = torch.bincount(cells, minlength=8).numpy()
     impossible = sum(c for c, j in zip(counts, joint) if j == 0)

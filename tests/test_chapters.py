@@ -29,8 +29,11 @@ def _toc_files(node):
             yield from _toc_files(item)
 
 
-def test_there_are_chapters():
-    assert len(CHAPTERS) >= 3
+def test_chapters_are_numbered_without_gaps_and_listed_in_that_order():
+    # the numbers are what chapters and prose refer to ({doc}`05_pitfalls`): a gap or a swap breaks them
+    assert [int(md.name[:2]) for md in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
+    listed = [entry for entry in _toc_files(TOC) if entry.startswith("notebooks/")]
+    assert listed == [f"notebooks/{md.stem}" for md in CHAPTERS]
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
@@ -101,12 +104,26 @@ def test_toc_lists_every_chapter_and_only_existing_files():
         assert f"notebooks/{md.stem}" in listed, f"{md.name} is not in _toc.yml"
 
 
-def test_config_is_strict_and_offline():
-    assert CONFIG["only_build_toc_files"] is True
-    assert "notebooks/*.ipynb" in CONFIG["exclude_patterns"]
-    assert CONFIG["execute"]["execute_notebooks"] == "force"
+def test_config_builds_each_chapter_once_strictly_and_offline():
+    import importlib.util
+
+    from sphinx.util.matching import Matcher
+
+    # Sphinx's own matching of exclude_patterns: every Colab edition is left out (else each chapter would
+    # be built twice), and no chapter source, book page or table-of-contents entry is
+    excluded = Matcher(CONFIG["exclude_patterns"])
+    assert all(excluded(f"notebooks/{md.stem}.ipynb") for md in CHAPTERS)
+    sources = [f"notebooks/{md.name}" for md in CHAPTERS] + [f"book/{p.name}" for p in (ROOT / "book").glob("*.md")]
+    assert not [path for path in sources if excluded(path)]
+    assert CONFIG["only_build_toc_files"] is True and CONFIG["execute"]["execute_notebooks"] == "force"
+    assert CONFIG["execute"]["allow_errors"] is False and CONFIG["execute"]["stderr_output"] == "error"
+    # warnings are errors in the build that make book and CI run
+    build = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "$(JB) build" in line)
+    assert {"-W", "-n", "--keep-going"} <= set(build.split())
+    # math offline: every extension the config names is installed, under the name Sphinx imports
+    for extension in CONFIG["sphinx"]["extra_extensions"]:
+        assert importlib.util.find_spec(extension) is not None, extension
     assert "sphinx-mathjax-offline" in CONFIG["sphinx"]["extra_extensions"]
-    assert CONFIG["launch_buttons"]["colab_url"].startswith("https://colab.research.google.com")
 
 
 _NOT_PROSE = [
