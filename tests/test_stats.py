@@ -69,6 +69,17 @@ def test_impossible_mass_needs_few_samples():
 def test_detectable_tv_inverts_samples_needed():
     tv = stats.detectable_tv(10_000, P)
     assert stats.samples_needed(P, tv=tv) <= 10_000 < stats.samples_needed(P, tv=tv * 0.95)
+    # the closed form is the smallest such distance, to a millionth, at every size and number of cells
+    for cells in (2, 3, 40, 900):
+        null = [1 / cells] * cells
+        for n in (1, 7, 500, 12_345, 200_000):
+            for false_alarm in (stats.FALSE_ALARM_RATE, 0.05):
+                tv = stats.detectable_tv(n, null, false_alarm=false_alarm)
+                if tv < 1:
+                    assert stats.samples_needed(null, tv=tv, false_alarm=false_alarm) <= n
+                    assert stats.samples_needed(null, tv=tv * (1 - 1e-6), false_alarm=false_alarm) > n
+                else:
+                    assert stats.samples_needed(null, tv=1.0, false_alarm=false_alarm) > n
 
 
 def test_tv_estimate_and_its_bound():

@@ -166,38 +166,44 @@ def samples_needed(
     if impossible_mass > 0:
         candidates.append(math.ceil(math.log(1 - power) / math.log1p(-impossible_mass)) if impossible_mass < 1 else 1)
     if per_sample > 0:
-        critical = sps.chi2.isf(false_alarm, dof)
-
-        def shortfall(noncentrality: float) -> float:
-            return sps.ncx2.sf(critical, dof, noncentrality) - power
-
-        upper = 1.0
-        while shortfall(upper) < 0:
-            upper *= 2
-        noncentrality = optimize.brentq(shortfall, 0.0, upper, xtol=1e-6)
-        candidates.append(math.ceil(noncentrality / per_sample))
+        candidates.append(math.ceil(_noncentrality_needed(dof, false_alarm, power) / per_sample))
     if not candidates:
         raise ValueError("the alternative equals the null: no sample size detects a zero difference")
     return max(min(candidates), 1)
+
+
+def _noncentrality_needed(dof: int, false_alarm: float, power: float) -> float:
+    """The noncentrality at which the chi-square test with ``dof`` degrees of freedom, rejecting at
+    ``false_alarm``, rejects with probability ``power``."""
+    critical = sps.chi2.isf(false_alarm, dof)
+
+    def shortfall(noncentrality: float) -> float:
+        return sps.ncx2.sf(critical, dof, noncentrality) - power
+
+    upper = 1.0
+    while shortfall(upper) < 0:
+        upper *= 2
+    return optimize.brentq(shortfall, 0.0, upper, xtol=1e-6)
 
 
 def detectable_tv(
     n_samples: int, null_probs: Sequence, false_alarm: float = FALSE_ALARM_RATE, power: float = 0.99
 ) -> float:
     """Return the smallest TV distance that ``n_samples`` samples detect with the given power, whatever
-    the alternative (the inverse of :func:`samples_needed` with ``tv``)."""
+    the alternative (the inverse of :func:`samples_needed` with ``tv``).
+
+    In closed form: with ``tv`` alone, :func:`samples_needed` is ceil(lambda / (2 tv)^2), where lambda is
+    the noncentrality the power needs, so the smallest tv it allows is sqrt(lambda / (4 n)) (capped at 1;
+    a hair above, so that float rounding never leaves ``samples_needed`` one above ``n_samples``).
+    """
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-    low, high = 1e-9, 1.0
-    if samples_needed(null_probs, tv=high, false_alarm=false_alarm, power=power) > n_samples:
-        return 1.0
-    for _ in range(60):
-        middle = (low * high) ** 0.5
-        if samples_needed(null_probs, tv=middle, false_alarm=false_alarm, power=power) <= n_samples:
-            high = middle
-        else:
-            low = middle
-    return high
+    if not 0 < false_alarm < 1 or not 0 < power < 1:
+        raise ValueError("false_alarm and power must be in (0, 1)")
+    null = np.array([float(v) for v in null_probs], dtype=np.float64)
+    dof = max(int((null > 0).sum()) - 1, 1)
+    noncentrality = _noncentrality_needed(dof, false_alarm, power)
+    return min(1.0, math.sqrt(noncentrality / (4 * n_samples)) * (1 + 1e-12))
 
 
 def pooled(probs: Sequence, n: int, min_expected: float = 5.0) -> list[float]:
