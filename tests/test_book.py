@@ -74,3 +74,25 @@ def test_cite_is_a_role_in_a_book_build_and_empty_without_myst_nb(monkeypatch):
     assert book.cite(["a", "b"]) == " {cite:p}`a,b`" and book.cite([]) == ""
     monkeypatch.setitem(sys.modules, "myst_nb", None)
     assert book.cite("a") == ""
+
+
+def test_demo_settings_read_each_scale_and_refuse_an_unknown_one(monkeypatch):
+    from speculative import defaults
+
+    monkeypatch.setenv("SPECULATIVE_SCALE", "smoke")
+    smoke = book.demo_settings("cuda")  # the smoke scale wins over the device: it is for tests
+    assert smoke == {"scale": "smoke", "check_claims": False, **defaults.DEMO_SMOKE}
+    monkeypatch.delenv("SPECULATIVE_SCALE")
+    small = book.demo_settings("cpu")
+    assert small["scale"] == "small" and small["check_claims"] is True and small["audit_rows"] is None
+    # smoke runs the same cells on fewer samples: every size is at most the small scale's, every list a subset
+    for key, value in defaults.DEMO_SMALL.items():
+        if isinstance(value, list):
+            assert set(smoke[key]) <= set(value), key
+        else:
+            assert smoke[key] <= value, key
+    monkeypatch.setenv("SPECULATIVE_SCALE", " FULL ")
+    assert book.demo_settings("cpu")["scale"] == "full"
+    monkeypatch.setenv("SPECULATIVE_SCALE", "huge")
+    with pytest.raises(ValueError, match="SPECULATIVE_SCALE='huge' is not a scale; use one of small, full, smoke"):
+        book.demo_settings("cpu")

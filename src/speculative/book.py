@@ -109,14 +109,26 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+SCALES = ("small", "full", "smoke")
+
+
 def demo_settings(device: str) -> dict:
     """Return the sizes a chapter should run at: small on CPU, full on a GPU or with SPECULATIVE_SCALE=full.
 
-    This is the one place that reads ``SPECULATIVE_SCALE``; the sizes are ``defaults.DEMO_SMALL`` and
-    ``defaults.DEMO_FULL``.
+    This is the one place that reads ``SPECULATIVE_SCALE``; the sizes are ``defaults.DEMO_SMALL``,
+    ``defaults.DEMO_FULL`` and ``defaults.DEMO_SMOKE``. ``SPECULATIVE_SCALE=smoke`` (any device) only
+    proves that a chapter runs to its end (tests/test_colab.py): ``check_claims`` is then False, and a
+    chapter skips the assertions that need its normal sample sizes; at the other scales it is True.
+    Raises ``ValueError`` for a scale it does not know.
     """
-    full = os.environ.get("SPECULATIVE_SCALE", "").lower() == "full" or str(device).startswith("cuda")
-    return {"scale": "full", **defaults.DEMO_FULL} if full else {"scale": "small", **defaults.DEMO_SMALL}
+    scale = os.environ.get("SPECULATIVE_SCALE", "").strip().lower() or "small"
+    if scale not in SCALES:
+        raise ValueError(f"SPECULATIVE_SCALE={scale!r} is not a scale; use one of {', '.join(SCALES)}")
+    if scale == "smoke":
+        return {"scale": "smoke", "check_claims": False, **defaults.DEMO_SMOKE}
+    if scale == "full" or str(device).startswith("cuda"):
+        return {"scale": "full", "check_claims": True, "audit_rows": None, **defaults.DEMO_FULL}
+    return {"scale": "small", "check_claims": True, "audit_rows": None, **defaults.DEMO_SMALL}
 
 
 def results_dir() -> Path:

@@ -50,8 +50,8 @@ DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_
 #: runs each Colab edition from the wheel (tests/test_colab.py). Its figures mean nothing, and a chapter
 #: skips the claims that need a large sample (``check_claims`` is False in ``book.demo_settings``).
 #: ``audit_rows`` caps each audit case's sample (None: the audit's own sizes, ``audit.MAX_ROWS``).
-DEMO_SMOKE = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 16,
-              "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 500}
+DEMO_SMOKE = {"gammas": [4], "temperatures": [0.0, 1.0], "batches": [1], "prompts": 2, "max_new_tokens": 16,
+              "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 200}
 #: ``bench peer``: temperatures, this engine's fixed draft length (and transformers' fixed schedule's),
 #: transformers' schedules, this engine's policies; its prompts, tokens per prompt, timed rounds and seed
 #: are ``bench decode``'s (above).
