@@ -41,17 +41,18 @@ BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 
 #: What a chapter runs live: small on a CPU; the benchmark's own settings at full scale (a GPU, or
 #: SPECULATIVE_SCALE=full), with fewer repeats since a chapter shows a run, not a record.
 DEMO_SMALL = {"gammas": [1, 4], "temperatures": [0.0, 1.0], "batches": [1, 4], "prompts": 4, "max_new_tokens": 64,
-              "repeats": 1, "distribution_rows": 6_000, "task_rows": 512}
+              "repeats": 1, "distribution_rows": 6_000, "task_rows": 512,
+              "calibration_repeats": BENCH_DECODE["calibration_repeats"]}
 DEMO_FULL = {"gammas": list(BENCH_DECODE["gammas"]), "temperatures": list(BENCH_DECODE["temperatures"]),
              "batches": list(BENCH_DECODE["batches"]), "prompts": BENCH_DECODE["prompts"],
              "max_new_tokens": BENCH_DECODE["max_new_tokens"], "repeats": BENCH_DECODE["repeats"],
-             "distribution_rows": 24_000, "task_rows": 4096}
+             "distribution_rows": 24_000, "task_rows": 4096, "calibration_repeats": BENCH_DECODE["calibration_repeats"]}
 #: SPECULATIVE_SCALE=smoke: toy sizes at which every chapter runs to its end in seconds, for the test that
 #: runs each Colab edition from the wheel (tests/test_colab.py). Its figures mean nothing, and a chapter
 #: skips the claims that need a large sample (``check_claims`` is False in ``book.demo_settings``).
 #: ``audit_rows`` caps each audit case's sample (None: the audit's own sizes, ``audit.MAX_ROWS``).
 DEMO_SMOKE = {"gammas": [4], "temperatures": [0.0, 1.0], "batches": [1], "prompts": 2, "max_new_tokens": 16,
-              "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 200}
+              "repeats": 1, "distribution_rows": 300, "task_rows": 32, "audit_rows": 200, "calibration_repeats": 1}
 #: ``bench peer``: temperatures, this engine's fixed draft length (and transformers' fixed schedule's),
 #: transformers' schedules, this engine's policies; its prompts, tokens per prompt, timed rounds and seed
 #: are ``bench decode``'s (above).
