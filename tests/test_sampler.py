@@ -110,6 +110,58 @@ def test_batched_equals_row_by_row_and_the_reference():
     assert torch.equal(reference.num_accepted, batched.num_accepted)
 
 
+def _rows_alone_differ(sample, reference=None):
+    """Verify rows of random lengths L <= k inside one width-k call (``lengths=``) and each length's rows
+    alone as calls on their first L drafts, with the uniforms those consume (L tests, then the last token).
+    Return how many rows differ; check both paths (bonus at L, rejection) were taken."""
+    generator = torch.Generator().manual_seed(42)
+    batch, k, vocab = 600, 4, 5
+    target, draft = _random_probs((batch, k + 1, vocab), generator), _random_probs((batch, k, vocab), generator)
+    drafts = _drafts(draft, generator)
+    lengths = torch.randint(1, k + 1, (batch,), generator=generator)
+    randomness = draw_randomness(batch, k, generator)
+    out = sample(drafts, draft, target, randomness=randomness, lengths=lengths)
+    differ, seen = 0, set()
+    for length in range(1, k + 1):
+        rows = (lengths == length).nonzero().squeeze(1)
+        alone = rejection_sample(drafts[rows, :length], draft[rows, :length], target[rows, :length + 1],
+                                 randomness=Randomness(randomness.uniforms[rows, :length + 1]))
+        same = (out.num_accepted[rows] == alone.num_accepted) & (out.tokens[rows, :length + 1] == alone.tokens).all(1)
+        differ += int((~same | (out.tokens[rows, length + 1:] != -1).any(1)).sum())
+        seen |= {(length, int(a)) for a in alone.num_accepted}
+    assert {(length, length) for length in range(1, k + 1)} <= seen and (k, 0) in seen  # bonus and rejection
+    if reference is not None:
+        by_hand = reference(drafts, draft, target, randomness, lengths=lengths)
+        assert torch.equal(by_hand.tokens, out.tokens) and torch.equal(by_hand.num_accepted, out.num_accepted)
+    return differ
+
+
+def test_a_row_verified_at_its_own_length_is_that_block_alone_draw_for_draw():
+    # lengths=: a row of length L among longer padded rows is verified exactly as a block of L drafts
+    # (its first L tested, then the residual, or the bonus token from p at L + 1), as the block rule does
+    assert _rows_alone_differ(rejection_sample, reference_rejection_sample) == 0
+    drafts, draft, target = _valid(batch=3, k=4)
+    randomness = draw_randomness(3, 4, torch.Generator().manual_seed(1))
+    full = rejection_sample(drafts, draft, target, randomness=randomness, lengths=torch.full((3,), 4))
+    plain = rejection_sample(drafts, draft, target, randomness=randomness)
+    assert torch.equal(full.tokens, plain.tokens)  # every row at the full length: the call without lengths
+    for bad in (torch.zeros(3, dtype=torch.long), torch.full((3,), 5), torch.ones(4, dtype=torch.long),
+                torch.ones(3)):
+        with pytest.raises(ValueError, match="lengths must"):
+            rejection_sample(drafts, draft, target, randomness=randomness, lengths=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_own_lengths_with_p_equal_to_q_in_half_precision_accept_each_row_whole_without_nan(dtype):
+    gen = torch.Generator().manual_seed(14)
+    probs = _random_probs((128, 5, 64), gen).to(dtype)
+    drafts = _drafts(probs[:, :4].double() / probs[:, :4].double().sum(-1, keepdim=True), gen)
+    lengths = torch.randint(1, 5, (128,), generator=gen)
+    out = rejection_sample(drafts, probs[:, :4], probs, gen, lengths=lengths)
+    assert torch.equal(out.num_accepted, lengths)  # p = q: every draft a row tests is accepted
+    assert out.tokens.gather(1, lengths.unsqueeze(1)).min() >= 0 and out.tokens.max() < 64
+
+
 def test_greedy_equals_the_target_argmax():
     gen = torch.Generator().manual_seed(7)
     batch, k, vocab = 200, 4, 16

@@ -15,6 +15,12 @@ Output per row: the number of accepted drafts n, and the emitted tokens x_1..x_n
 a token of the normalised residual max(p - q, 0) at position n+1 if x_{n+1} was rejected, or the bonus
 token from p at position k+1 if all k were accepted.
 
+Rows of one call may verify fewer drafts than it holds: with ``lengths`` (B,), row b is verified as a
+block of its own ``lengths[b]`` = L drafts, draw for draw as a call on its first L drafts alone (its first
+L uniforms test them, the next one draws its last token, which is the bonus token from p at position L+1
+when all L pass); the drafts after L are padding, never tested. Both rules take it, so a decoding loop
+whose rows drafted different lengths verifies them in one call.
+
 Numerics. Acceptance is tested as ``u * q(x) < p(x)``: no division, so q(x) = 0 cannot produce inf or NaN.
 The final token is drawn by inverse-CDF sampling on the *unnormalised* weights w = max(p - q, 0): find the
 first token whose running sum of w exceeds t = min(u * sum(w), the float just below sum(w)). No division
@@ -187,16 +193,19 @@ def rejection_sample(
     randomness: Optional[Randomness] = None,
     check_values: bool = True,
     allow_zero_draft_prob: bool = False,
+    lengths: Optional[torch.Tensor] = None,
 ) -> SamplerOutput:
     """Return accepted counts and emitted tokens for a batch of drafted blocks (see the module docstring).
 
-    Pass either ``generator`` or pre-drawn ``randomness``. ``check_values`` (the default) refuses, with a
-    ``ValueError`` naming the argument: ids outside the vocabulary; NaN, inf or negative probabilities;
-    rows whose sum is off by more than :func:`sum_tolerance` allows for their dtype; uniforms outside
-    [0, 1) or NaN; and a drafted token whose q(x) is 0, which the draft cannot have sampled (the symptom
-    of a verifier handed the wrong q) unless ``allow_zero_draft_prob=True``. ``check_values=False``
-    skips them all (shapes and dtypes are still checked) and reads nothing back from the device: for
-    callers that made the inputs themselves. The sampler still never emits NaN or an out-of-range id,
+    ``lengths`` (B,), each in 1 .. k, verifies row b's first ``lengths[b]`` drafts only, as a block of that
+    length (see the module docstring). Pass either ``generator`` or pre-drawn ``randomness``.
+    ``check_values`` (the default) refuses, with a ``ValueError`` naming the argument: ids outside the
+    vocabulary; NaN, inf or negative probabilities; rows whose sum is off by more than
+    :func:`sum_tolerance` allows for their dtype; uniforms outside [0, 1) or NaN; lengths outside 1 .. k;
+    and a drafted token whose q(x) is 0, which the draft cannot have sampled (the symptom of a verifier
+    handed the wrong q) unless ``allow_zero_draft_prob=True``. ``check_values=False`` skips them all
+    (shapes and dtypes are still checked) and reads nothing back from the device: for callers that made
+    the inputs themselves. The sampler still never emits NaN or an out-of-range id,
     but garbage in then gives garbage out. An empty batch returns an empty result.
     """
     batch, k, vocab = _check_inputs(draft_tokens, draft_probs, target_probs)
@@ -204,23 +213,27 @@ def rejection_sample(
                           allow_zero_draft_prob)
     if batch == 0:
         return _empty(k, target_probs.device)
+    ends = _row_ends(lengths, batch, k, check_values, target_probs.device)  # (B,): each row's own length L
     tokens = draft_tokens.long()
     index = tokens.unsqueeze(-1)  # (B, k, 1)
     q_drafted = draft_probs.gather(-1, index).squeeze(-1).double()  # (B, k)
     p_drafted = target_probs[:, :k].gather(-1, index).squeeze(-1).double()  # (B, k)
     accepted = randomness.uniforms[:, :k] * q_drafted < p_drafted  # (B, k): u < p/q without dividing
+    accepted &= torch.arange(k, device=tokens.device) < ends.unsqueeze(1)  # a row's padding is never accepted
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # (B,): length of the accepted prefix
 
-    # The final token comes from position n = num_accepted: the residual there, or at n = k the bonus
-    # token. Treating q as 0 at position k makes max(p - 0, 0) = p, so one formula covers both.
+    # The final token comes from position n = num_accepted: the residual there, or at n = L the bonus
+    # token. Treating q as 0 at position L makes max(p - 0, 0) = p, so one formula covers both.
+    bonus = num_accepted == ends  # (B,)
     rows = torch.arange(batch, device=tokens.device)
-    target_flat, p_index = target_probs.reshape(batch * (k + 1), vocab), rows * (k + 1) + num_accepted
-    p_final = target_flat.index_select(0, p_index)  # (B, V)
+    p_index = rows * (k + 1) + num_accepted
+    p_final = target_probs.reshape(batch * (k + 1), vocab).index_select(0, p_index)  # (B, V)
     q_index = rows * k + num_accepted.clamp(max=k - 1)
     q_final = draft_probs.reshape(batch * k, vocab).index_select(0, q_index)  # (B, V)
-    q_final = q_final * (num_accepted < k).unsqueeze(1)  # rows with n = k: q = 0, so the weights are p
-    final = _inverse_cdf(p_final, q_final, randomness.uniforms[:, k])
-    return _emit(tokens, num_accepted, final)
+    q_final = q_final * (~bonus).unsqueeze(1)  # rows with n = L: q = 0, so the weights are p
+    # the uniform after a row's last draft, as a block of its own length would use it
+    final = _inverse_cdf(p_final, q_final, randomness.uniforms.gather(1, ends.unsqueeze(1)).squeeze(1))
+    return _emit(tokens, num_accepted, final)  # n <= L: a row's padding is never emitted
 
 
 def _inverse_cdf(p_final: torch.Tensor, q_final: torch.Tensor, uniform: torch.Tensor,
@@ -261,37 +274,39 @@ def reference_rejection_sample(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     randomness: Randomness,
+    lengths: Optional[torch.Tensor] = None,
 ) -> SamplerOutput:
     """Return the same result as :func:`rejection_sample`, computed row by row in plain Python.
 
-    The textbook loop, written for clarity rather than speed: for each row, walk the drafted tokens in
-    order, accept while u * q(x) < p(x), then draw the final token from the residual (or the bonus token
-    from p) by the same inverse-CDF rule. It consumes the same ``randomness``, so for valid inputs its
-    output equals the vectorised sampler's token for token. Used as the test oracle and as the
-    benchmark's per-row baseline.
+    The textbook loop, written for clarity rather than speed: for each row, walk its drafted tokens (the
+    first ``lengths[b]`` of them, with ``lengths``) in order, accept while u * q(x) < p(x), then draw the
+    final token from the residual (or the bonus token from p) by the same inverse-CDF rule. It consumes
+    the same ``randomness``, so for valid inputs its output equals the vectorised sampler's token for token.
+    Used as the test oracle and as the benchmark's per-row baseline.
     """
     batch, k = draft_tokens.shape
     vocab = target_probs.shape[-1]
     tokens = torch.full((batch, k + 1), -1, dtype=torch.long)
     num_accepted = torch.zeros(batch, dtype=torch.long)
     uniforms = randomness.uniforms.tolist()
-    for b in range(batch):
+    ends = [k] * batch if lengths is None else lengths.tolist()
+    for b, end in enumerate(ends):
         n = 0
-        for i, x in enumerate(draft_tokens[b].tolist()):
+        for i, x in enumerate(draft_tokens[b, :end].tolist()):
             if uniforms[b][i] * float(draft_probs[b, i, x]) < float(target_probs[b, i, x]):
                 tokens[b, i] = x
                 n += 1
             else:
                 break
         p_row = target_probs[b, n].double().tolist()
-        q_row = draft_probs[b, n].double().tolist() if n < k else [0.0] * vocab
+        q_row = draft_probs[b, n].double().tolist() if n < end else [0.0] * vocab
         weights = [p - q if p > q else 0.0 for p, q in zip(p_row, q_row)]
         if target_probs.dtype != torch.float64:
             weights = array.array("f", weights).tolist()  # the batched sampler forms weights in float32
         if not sum(weights) > 0:
             weights = [max(p, 0.0) for p in p_row]
         running = list(itertools.accumulate(weights))
-        threshold = min(uniforms[b][k] * running[-1], math.nextafter(running[-1], 0.0))
+        threshold = min(uniforms[b][end] * running[-1], math.nextafter(running[-1], 0.0))
         tokens[b, n] = next(t for t, c in enumerate(running) if c > threshold)
         num_accepted[b] = n
     return SamplerOutput(tokens=tokens, num_accepted=num_accepted, num_emitted=num_accepted + 1)
@@ -317,7 +332,7 @@ def block_verify_sample(
     ``lengths`` (B,), each in 1 .. k, verifies row b's first ``lengths[b]`` drafts only, as a block of
     that length (its last position is kept with probability p_L, the bonus token comes from p at L, and
     later drafts are padding, never accepted), draw for draw as a call on the row's first L drafts alone
-    would: how a decoding loop whose rows drafted different lengths verifies them in one call.
+    would, as in :func:`rejection_sample`.
 
     With p_0 = 1 and p_i = min(1, p_{i-1} * p(x_i) / q(x_i)), position i < k is kept when
     u_i * (m_i + 1 - p_i) < m_i, where m_i = sum_y max(p_i * p(y) - q(y), 0) at position i (always when
@@ -357,12 +372,9 @@ def block_verify_sample(
         kept = list(inner.unbind(1)) + kept
     kept = torch.stack(kept, 1)  # (B, k): position i + 1 kept?
     positions = torch.arange(1, k + 1, device=tokens.device)
-    if lengths is None:
-        ends = torch.full((batch,), k, dtype=torch.long, device=tokens.device)
-    else:
-        ends = _check_lengths(lengths, batch, k, check_values, tokens.device)
-        kept = torch.where(positions < ends.unsqueeze(1), kept,
-                           torch.where(positions == ends.unsqueeze(1), last, False))  # nothing past a row's end
+    ends = _row_ends(lengths, batch, k, check_values, tokens.device)  # (B,): each row's own length L
+    kept = torch.where(positions < ends.unsqueeze(1), kept,
+                       torch.where(positions == ends.unsqueeze(1), last, False))  # nothing past a row's end
     num_accepted = torch.where(kept, positions, 0).amax(dim=1)  # tau: the largest kept position, or 0
     rows = torch.arange(batch, device=tokens.device)
     bonus = num_accepted == ends  # every draft of the row kept: the extra token comes from p
@@ -377,7 +389,11 @@ def block_verify_sample(
     return _emit(tokens, num_accepted, final)  # tau <= a row's end: its padding is never emitted
 
 
-def _check_lengths(lengths: torch.Tensor, batch: int, k: int, check_values: bool, device) -> torch.Tensor:
+def _row_ends(lengths: Optional[torch.Tensor], batch: int, k: int, check_values: bool, device) -> torch.Tensor:
+    """Return (B,) int64 each row's own block length: ``lengths`` checked (the values only with
+    ``check_values``: one host read), or k for every row."""
+    if lengths is None:
+        return torch.full((batch,), k, dtype=torch.long, device=device)
     if not isinstance(lengths, torch.Tensor) or lengths.shape != (batch,) or lengths.dtype not in (torch.int64,
                                                                                                    torch.int32):
         raise ValueError(f"lengths must be an integer tensor of shape ({batch},)")
