@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from speculative import decode
+from speculative import decode, sampler
 from speculative.model import GPT, GPTConfig
 from speculative.pair import save_pair
 from speculative.train import make_prompts
@@ -73,21 +73,23 @@ def planted_rollback_bug():
 
 
 def planted_cut_bug():
-    """A copy of decode.py in which a row whose draft-length policy asked for fewer drafts than its batch
-    draws its last token from the target one position too far (k + 2 instead of k + 1)."""
-    correct = "row_gamma.clamp(max=block_gamma)]"
-    return _planted(correct, "(row_gamma + 1).clamp(max=block_gamma)]")
+    """A copy of sampler.py in which a row verified at its own length k (``lengths=``), shorter than the
+    block it sits in, draws its bonus token from the target one position too far (k + 2 instead of k + 1),
+    under the token-wise rule (``rejection_sample``)."""
+    correct = "p_index = rows * (k + 1) + num_accepted"
+    return _planted(correct, correct + " + (bonus & (ends < k)).long()", sampler)
 
 
-def _planted(correct: str, wrong: str):
-    source = inspect.getsource(decode)
+def _planted(correct: str, wrong: str, module=decode):
+    """Return a copy of ``module`` (decode.py by default) with its one ``correct`` string made ``wrong``."""
+    source = inspect.getsource(module)
     assert source.count(correct) == 1
-    name = "speculative.decode_with_planted_bug"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__ = "speculative"
-    sys.modules[name] = module  # dataclasses look their module up while the class is created
+    name = f"{module.__name__}_with_planted_bug"
+    copy = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    copy.__package__ = "speculative"
+    sys.modules[name] = copy  # dataclasses look their module up while the class is created
     try:
-        exec(compile(source.replace(correct, wrong), name, "exec"), module.__dict__)
+        exec(compile(source.replace(correct, wrong), name, "exec"), copy.__dict__)
     finally:
         del sys.modules[name]
-    return module
+    return copy

@@ -42,6 +42,21 @@ def test_batch_rows_are_independent(pair):
     assert together.tokens == alone
 
 
+def test_a_fixed_gamma_is_the_fixed_policy(pair):
+    # one engine path: gamma = 3 runs as FixedLength(3), draw for draw, and records each block's lengths
+    from speculative.policy import FixedLength
+
+    prompts = [p[: 40 + 9 * i] for i, p in enumerate(pair.prompts[:3])]  # rows finish at different blocks
+    runs = [speculative_decode(pair.target, pair.draft, prompts, 24, gamma, SamplingConfig(temperature=1.0),
+                               torch.Generator().manual_seed(4)) for gamma in (3, FixedLength(3))]
+    assert runs[0].tokens == runs[1].tokens and runs[0].gamma == 3
+    for a, b in zip(runs[0].accepted + runs[0].lengths, runs[1].accepted + runs[1].lengths):
+        assert torch.equal(a, b)
+    accepted, lengths = torch.stack(runs[0].accepted), torch.stack(runs[0].lengths)
+    assert bool(((lengths == 3) == (accepted >= 0)).all()) and bool((lengths[accepted < 0] == -1).all())
+    assert (accepted < 0).any()  # a finished row's -1 was seen
+
+
 def test_dropping_finished_rows_changes_no_row(pair, monkeypatch):
     from speculative.model import KVCache
 

@@ -229,17 +229,18 @@ def test_draft_length_policies_follow_the_exact_law(pair, name, rule, per_row, s
 
 
 def test_a_planted_cut_bug_is_caught(pair):
-    # the heuristic gives rows of one batch different lengths; drawing a cut row's last token one position
-    # too far must fail the same test that the right engine passes
+    # the heuristic gives rows of one batch different lengths; a sampler that draws a cut row's last token
+    # one position too far must fail the same test that the right engine passes
     from speculative.policy import make_policy
 
-    broken = planted_cut_bug()
+    broken = planted_cut_bug().rejection_sample
     prompt, length, rows = pair.prompts[1], 8, 3_000
     law = _law(pair, prompt, TOP2, length)
     policy = make_policy("heuristic", gamma=3, max_gamma=6)
 
     def decode(prompts, n, generator):
-        return broken.speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, per_row=True)
+        return speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, sampler=broken,
+                                  per_row=True)
 
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
     result, _ = _fit(counts, law)

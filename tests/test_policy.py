@@ -205,6 +205,9 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
                            sampler=lambda *a, **k: None)
     with pytest.raises(ValueError, match="integer >= 1 or a draft-length policy"):
         speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, "auto")
+    with pytest.raises(ValueError, match="per_row=True .* the sampler must take lengths="):
+        speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, FixedLength(2), per_row=True,
+                           sampler=lambda drafts, draft_probs, target_probs, generator, check_values=True: None)
     with pytest.raises(ValueError, match="needs a calibration"):
         make_policy("auto")
     with pytest.raises(ValueError, match="unknown policy"):

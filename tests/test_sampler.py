@@ -139,7 +139,11 @@ def _rows_alone_differ(sample, reference=None):
 def test_a_row_verified_at_its_own_length_is_that_block_alone_draw_for_draw():
     # lengths=: a row of length L among longer padded rows is verified exactly as a block of L drafts
     # (its first L tested, then the residual, or the bonus token from p at L + 1), as the block rule does
+    from conftest import planted_cut_bug
+
     assert _rows_alone_differ(rejection_sample, reference_rejection_sample) == 0
+    # a bonus token drawn one position too far (the engine law test's planted bug) differs in many rows
+    assert _rows_alone_differ(planted_cut_bug().rejection_sample) > 50
     drafts, draft, target = _valid(batch=3, k=4)
     randomness = draw_randomness(3, 4, torch.Generator().manual_seed(1))
     full = rejection_sample(drafts, draft, target, randomness=randomness, lengths=torch.full((3,), 4))

@@ -25,19 +25,22 @@ distribution test catches it.
 Host synchronisation. Inputs are checked once, at the boundary (prompts, lengths, gamma, devices). Inside
 the loop every tensor is made by the loop itself, so the models, ``logits_to_probs`` and the sampler run
 with their value checks off, and every per-row decision is a ``torch.where``: one speculative block reads
-one pair of numbers back to the host (rows finished, and whether any logits were NaN or inf), and plain
-decoding reads nothing back until its last token. On a GPU the work of a block is queued without a
-stall. A test counts these reads. Timing is not done here: pass a :class:`timing.Clock`.
+back to the host once (rows finished, whether any logits were NaN or inf, which rows decode, and the
+previous block's outcome, for the draft-length policy's states), and plain decoding reads nothing back
+until its last token. On a GPU the work of a block is queued without a stall. A test counts these reads.
+Timing is not done here: pass a :class:`timing.Clock`.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from .model import GPT, KVCache
+from .policy import DraftPolicy, FixedLength
 from .sampler import categorical, rejection_sample, rule_sampler
 from .timing import NO_CLOCK, Clock
 from .transforms import SamplingConfig, logits_problem, logits_to_probs
@@ -77,7 +80,7 @@ class DecodeResult:
     target_seconds: float = float("nan")
     draft_seconds: float = float("nan")
     timed_calls: dict = field(default_factory=dict)  # forward calls those seconds cover, per model name
-    # with a draft-length policy: per block, (B,) drafts each row verified (its own length), -1 if inactive
+    # per block, (B,) drafts each row verified (its own length), -1 if inactive (empty: multi-draft)
     lengths: list[torch.Tensor] = field(default_factory=list)
 
     def text(self, row: int = 0) -> str:
@@ -236,194 +239,212 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     (``rejection_sample``'s signature, called with ``check_values=False``); chapters swap in a biased one
     from ``pitfalls`` to show what a wrong rule does on a real model pair. ``rule`` names a lossless one
     instead: ``"token"`` (token-wise, the default) or ``"block"`` (block verification, Sun et al.); pass
-    one of ``rule`` and ``sampler``. ``clock`` (a
-    :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the seconds inside
-    each model's calls; without one nothing is timed.
+    one of ``rule`` and ``sampler``. ``clock`` (a :class:`timing.Clock`) records the prefill, the end and,
+    if it times forwards, the seconds inside each model's calls; without one nothing is timed.
 
-    ``gamma`` is a fixed number of drafts per block, or a draft-length policy (:mod:`policy`) that chooses
-    each row's length before each block from that row's past, and may stop drafting after a token the draft
-    was unsure of. Rows of one batch draft in step, so the batch pays for its longest row's drafts and a
-    target forward over all of them whatever each row asked for. By default the rows therefore share each
-    block: its length is ``policy.batch_length`` of the decoding rows' states (the cost model: the length
-    that maximises the batch's expected tokens per unit of time; the other policies: the longest any row
-    asks for), drafting stops early only when every row's confidence stop has fired, and every row verifies
-    every draft. That length depends on the other rows' pasts and drafts and, through a confidence stop, on
-    this row's own drafts, never on this row's verification draws; ``exact.shared_batch_law`` enumerates
-    rows sharing blocks and finds each row's output an independent draw from the target's law (tested for
-    the shipped policies under either rule), and the engine law tests check it on the real pair. With
-    ``per_row=True`` each row keeps its own length instead (the others' extra drafts are padding, computed
-    but never verified): a row whose own length k is shorter than the block's has its verification cut at k:
-    its first k drafts are tested as usual and, if all pass, its next token is drawn fresh from the target
-    at position k + 1, exactly as a block of k drafts would end; with block verification (``rule="block"``)
-    the cut is the sampler's: it verifies each row's own length as a block of that length
-    (``sampler.block_verify_sample``'s ``lengths``; block verification of k drafts is not the first k
-    positions of a longer block's test). ``exact.adaptive_sequence_law`` with ``rule="block"`` checks the
-    law of one row's policies, confidence stops included, by enumeration. A finished row riding along in the
-    batch asks for nothing. Besides the loop's one host read per block, a policy adds one (each row's
-    outcome, for its state), and a policy that stops on confidence one per draft step (to stop drafting
-    when every row has stopped).
+    ``gamma`` is a draft-length policy (:mod:`policy`) that chooses each row's length before each block
+    from that row's past, and may stop drafting after a token the draft was unsure of; a number is the
+    fixed policy ``FixedLength(gamma)``. Rows of one batch draft in step, so the batch pays for its longest
+    row's drafts and a target forward over all of them whatever each row asked for. By default the rows
+    therefore share each block: its length is ``policy.batch_length`` of the decoding rows' states (the
+    cost model: the length that maximises the batch's expected tokens per unit of time; the other
+    policies: the longest any row asks for), drafting stops early only when every row's confidence stop
+    has fired, and every row verifies every draft. That length depends on the other rows' pasts and
+    drafts and, through a confidence stop, on this row's own drafts, never on this row's verification
+    draws; ``exact.shared_batch_law`` enumerates rows sharing blocks and finds each row's output an
+    independent draw from the target's law (tested for the shipped policies under either rule), and the
+    engine law tests check it on the real pair. With ``per_row=True`` each row keeps its own length k
+    instead (the others' extra drafts are padding, computed but never verified): the sampler verifies it
+    as a block of k drafts (``lengths=``, which ``sampler`` must then take): under either rule its first
+    k drafts are tested as usual and, if all pass, its next token is drawn from the target at position
+    k + 1, exactly as a block of k drafts would end (block verification of k drafts is not the first k
+    positions of a longer block's test). ``exact.adaptive_sequence_law`` checks the law of one row's
+    policies, confidence stops included, by enumeration. A finished row riding along asks for nothing.
+    ``lengths`` in the result holds each block's (B,) verified lengths, -1 where a row was not decoding.
+
+    Host reads: one per block, which also brings the previous block's outcome back for the policy's
+    states, and, for a policy that stops on confidence, one per draft step (to stop drafting when every
+    row has stopped).
     """
-    from .policy import DraftPolicy
-
-    policy = gamma if isinstance(gamma, DraftPolicy) else None
-    if policy is None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
-        raise ValueError(f"gamma must be an integer >= 1 or a draft-length policy, got {gamma!r}")
-    if sampler is None:
-        sampler = rule_sampler(rule)
-    elif rule != "token":
-        raise ValueError(f"pass either rule={rule!r} or a sampler, not both")
-    longest_block = gamma if policy is None else policy.max_gamma
-    if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
-                         f"draft has {draft.config.vocab_size}")
-    if target.device != draft.device:
-        raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
+    policy = _as_policy(gamma)
+    sampler = _verifier(sampler, rule, per_row)
+    _check_pair(target, draft)
     rows = encode_prompts(prompts, target.config.vocab_size)
-    check_room(target, rows, max_new_tokens, lookahead=longest_block + 2)
-    check_room(draft, rows, max_new_tokens, lookahead=longest_block + 2)
-    device = target.device
+    for model in (target, draft):
+        check_room(model, rows, max_new_tokens, lookahead=policy.max_gamma + 2)
+    device, batch = target.device, len(rows)
     generator = _generator(generator, device)
     clock = clock or NO_CLOCK
-    batch = len(rows)
     clock.start()
     longest = max(len(r) for r in rows)
-    capacity = longest + max_new_tokens + longest_block + 2  # <= both contexts (checked above)
-    target_cache = prefill(target, rows, length=capacity)
-    draft_cache = prefill(draft, rows, length=capacity)
+    capacity = longest + max_new_tokens + policy.max_gamma + 2  # <= both contexts (checked above)
+    target_cache, draft_cache = prefill(target, rows, length=capacity), prefill(draft, rows, length=capacity)
     clock.mark("prefill")
     target_call, draft_call = clock.wrap(target, "target"), clock.wrap(draft, "draft")
     target_forwards = draft_forwards = int(longest > 1)  # the prefill's forward, if the prompts needed one
     # (B, capacity + 1): prompt, then generated tokens; the last column is scratch, where the writes of
     # finished rows and of padding go instead of being masked out (a mask would need a host read)
-    sequence = _padded(rows, capacity + 1, device)
-    scratch = capacity
-    origin = torch.arange(batch, device=device)  # decoding row i is row origin[i] of the batch
-    lengths = torch.tensor([len(r) for r in rows], device=device)  # n per decoding row
-    prompt_lengths = lengths.clone()
-    draft_behind = torch.ones(batch, dtype=torch.long, device=device)  # tokens the draft has not yet fed: 1 or 2
+    sequence, scratch = _padded(rows, capacity + 1, device), capacity
+    # per decoding row (R of them): decoding row i is row origin[i] of the batch; ends[i] = n, its tokens so
+    # far (prompt included); behind[i], the tokens its draft has not yet fed: 1, or 2 after a full block
+    origin = torch.arange(batch, device=device)  # (R,)
+    ends = torch.tensor([len(r) for r in rows], device=device)  # (R,)
+    prompt_ends, behind = ends.clone(), torch.ones(batch, dtype=torch.long, device=device)  # (R,), (R,)
     problem = torch.zeros((), dtype=torch.bool, device=device)  # any NaN / inf logits so far
-    accepted_log, lengths_log = [], []
-    bound = longest  # on the host: no row's length n exceeds it (a block adds at most gamma + 1)
-    if policy is not None:  # one state per row of the batch, on the host; rows decoding now: origin_host
-        states = [policy.start() for _ in range(batch)]
-        origin_host = list(range(batch))
-        confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
+    states, origin_host = [policy.start() for _ in range(batch)], list(range(batch))  # on the host
+    outcome, accepted_log, lengths_log = None, [], []  # outcome: (3, R), the last block's, not yet read
+    bound = longest  # on the host: no row's n exceeds it (a block adds at most its drafts + 1)
     while True:
-        active = lengths - prompt_lengths < max_new_tokens
-        read = [(~active).sum().unsqueeze(0), problem.long().unsqueeze(0)]
-        if policy is not None:  # a policy plans on the host: which rows are decoding comes in the same read
-            read.append(active.long())
-        finished, bad, *active_host = torch.cat(read).tolist()  # the block's one host read
+        active = ends - prompt_ends < max_new_tokens  # (R,)
+        finished, bad, active_host, past = _read(active, problem, outcome)  # the block's one host read
         _raise_if(bad)
-        if finished == len(active):
+        for o, was_active, accepted, full in zip(origin_host, *past):  # the last block's outcome, per row
+            if was_active:
+                states[o] = policy.update(states[o], accepted, bool(full))
+        if finished == len(active_host):
             break
-        if finished and 2 * finished >= len(active):
+        if finished and 2 * finished >= len(active_host):
             # half the rows are done: drop them (one copy of each cache) so that later blocks stop
             # computing them; below that, finished rows ride along, parked at their prompt. A stable
             # sort puts the active rows first, in order, without reading the mask back.
-            keep = torch.argsort((~active).to(torch.int8), stable=True)[:len(active) - finished]
+            keep = torch.argsort((~active).to(torch.int8), stable=True)[:len(active_host) - finished]
             target_cache, draft_cache = target_cache.select(keep), draft_cache.select(keep)
-            origin, lengths, prompt_lengths, draft_behind, active = (
-                t[keep] for t in (origin, lengths, prompt_lengths, draft_behind, active))
-            if policy is not None:
-                origin_host = origin.tolist()
-                active_host = [1] * len(origin_host)  # the rows kept are the ones decoding
-        if policy is None:
-            block_gamma = gamma
-        else:  # the decoding rows' lengths from their pasts (shared, or each its own); drafted up to the longest
-            decoding = [states[o] for o, a in zip(origin_host, active_host) if a]
-            asked = [policy.length(state) for state in decoding] if per_row else [policy.batch_length(decoding)]
-            if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= longest_block for k in asked):
-                raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(asked))}; "
-                                 f"each must be an integer in [1, {longest_block}]")
-            block_gamma = max(asked)
-            asked = iter(asked) if per_row else iter([block_gamma] * len(decoding))
-            # a finished row (computed, never written) is given the minimum, 1
-            row_gamma = torch.tensor([next(asked) if a else 1 for a in active_host], device=device)
+            origin, ends, prompt_ends, behind, active = (t[keep] for t in (origin, ends, prompt_ends, behind, active))
+            origin_host = [o for o, a in zip(origin_host, active_host) if a]
+            active_host = [1] * len(origin_host)
+        block_gamma, row_gamma = _plan(policy, states, origin_host, active_host, per_row, device)  # int, (R,)
         span = min(bound + block_gamma + 1, capacity)  # every position this block writes lies below it
-        rows_index = torch.arange(len(origin), device=device)
-        at = torch.where(active, lengths, prompt_lengths)
-        behind = torch.where(active, draft_behind, 1)
-        # 1. draft gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
-        first_start = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
-        chunk = torch.stack([sequence[origin, first_start], sequence[origin, first_start + 1]], 1)
-        logits = draft_call(chunk, first_start, draft_cache, span=span, check=False)
-        draft_logits = logits[rows_index, behind - 1]  # (B, V) at position n - 1
-        problem |= logits_problem(draft_logits)
-        draft_forwards += 1
-        drafts, draft_probs = [], []
-        for i in range(block_gamma):
-            probs = logits_to_probs(draft_logits, config, check=False)
-            token = _sample(probs, generator)
-            drafts.append(token)
-            draft_probs.append(probs)
-            if policy is not None and confident:  # stop right after a token the draft was unsure of
-                # its probability under q; when decoding greedily q is one-hot, so (as transformers does)
-                # under the draft's softmax at temperature 1
-                sure = probs if config.temperature > 0 else torch.softmax(draft_logits.float(), -1)
-                stop = policy.stop_after(sure.gather(1, token.unsqueeze(1)).squeeze(1))
-                row_gamma = torch.where(stop & (row_gamma > i + 1), i + 1, row_gamma)
-                if i + 1 < block_gamma and not bool(((row_gamma > i + 1) & active).any()):  # every row stopped
-                    break
-            if i + 1 < block_gamma:
-                draft_logits = draft_call(token.unsqueeze(1), at + i, draft_cache, span=span, check=False)[:, -1]
-                problem |= logits_problem(draft_logits)
-                draft_forwards += 1
-        drafts = torch.stack(drafts, 1)  # (B, gamma)
-        block_gamma = drafts.shape[1]  # fewer than planned when every row stopped early
-        if policy is not None and not per_row:  # shared: every row verifies every draft
+        at = torch.where(active, ends, prompt_ends)  # (R,): where each row's block starts
+        # 1. draft up to block_gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
+        first = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
+        unseen = torch.stack([sequence[origin, first], sequence[origin, first + 1]], 1)  # (R, 2)
+        drafts, draft_probs, row_gamma, draft_problem = _draft_block(
+            draft_call, draft_cache, unseen, first, behind, at, active, row_gamma, block_gamma, span, policy,
+            config, generator)  # (R, k), (R, k, V), (R,), ()
+        block_gamma = drafts.shape[1]  # k: fewer than planned when every row stopped early
+        draft_forwards += block_gamma  # one forward per draft (the first also feeds the unseen tokens)
+        if not per_row:  # shared: every row verifies every draft
             row_gamma = torch.full_like(row_gamma, block_gamma)
-        # 2. one target forward over the last token and the gamma drafts
-        last = sequence[origin, at - 1].unsqueeze(1)
+        # 2. one target forward over the last token and the k drafts
+        last = sequence[origin, at - 1].unsqueeze(1)  # (R, 1)
         target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache, span=span,
-                                    check=False)  # (B, gamma+1, V)
-        problem |= logits_problem(target_logits)
+                                    check=False)  # (R, k+1, V)
+        problem = problem | draft_problem | logits_problem(target_logits)
         target_forwards += 1
-        # 3. accept a prefix and add the correction or bonus token; the inputs were made here, so the
-        # sampler's value checks (each a host read) are off
-        target_probs = logits_to_probs(target_logits, config, check=False)
-        if policy is not None and rule == "block":  # each row verified as a block of its own length
-            out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False,
-                          lengths=row_gamma.clamp(max=block_gamma))
-        else:
-            out = sampler(drafts, torch.stack(draft_probs, 1), target_probs, generator, check_values=False)
-        num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)
-        if policy is not None and rule == "token" and per_row:
-            # a row of k < block_gamma drafts ends as a block of k would: a token from p at k + 1
-            cut = (num_accepted >= row_gamma) & (row_gamma < block_gamma)
-            rows_here = torch.arange(len(origin), device=device)
-            fresh = _sample(target_probs[rows_here, row_gamma.clamp(max=block_gamma)], generator)
-            num_accepted = torch.where(cut, row_gamma, num_accepted)
-            positions = torch.arange(block_gamma + 1, device=device).unsqueeze(0)
-            emitted = torch.where(cut.unsqueeze(1) & (positions > row_gamma.unsqueeze(1)), -1, emitted)
-            emitted = torch.where(cut.unsqueeze(1) & (positions == row_gamma.unsqueeze(1)), fresh.unsqueeze(1), emitted)
-        if policy is not None:
-            outcome = torch.stack([active.long(), num_accepted, (num_accepted == row_gamma).long()]).tolist()
-            for o, was_active, accepted, full in zip(origin_host, *outcome):
-                if was_active:
-                    states[o] = policy.update(states[o], accepted, bool(full))
-        block = torch.where(active, num_accepted, -1)  # -1: the row was not decoding in this block
-        sizes = torch.where(active, row_gamma if policy is not None else block_gamma, -1)
-        if len(origin) < batch:  # rows were dropped: put each count back at its row of the batch
-            block = torch.full((batch,), -1, dtype=torch.long, device=device).index_copy_(0, origin, block)
-            sizes = torch.full((batch,), -1, dtype=torch.long, device=device).index_copy_(0, origin, sizes)
-        accepted_log.append(block)
-        lengths_log.append(sizes)
+        # 3. accept a prefix of each row's drafts and add the correction or bonus token; the inputs were
+        # made here, so the sampler's value checks (each a host read) are off
+        target_probs = logits_to_probs(target_logits, config, check=False)  # (R, k+1, V)
+        out = sampler(drafts, draft_probs, target_probs, generator, check_values=False,
+                      **({"lengths": row_gamma} if per_row else {}))
+        num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)  # (R,), (R, k+1)
+        outcome = torch.stack([active.long(), num_accepted, (num_accepted == row_gamma).long()])  # (3, R)
+        accepted_log.append(_in_batch(torch.where(active, num_accepted, -1), origin, batch))  # (B,)
+        lengths_log.append(_in_batch(torch.where(active, row_gamma, -1), origin, batch))  # (B,)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
-        write = (emitted >= 0) & active.unsqueeze(1)  # finished rows are computed but never written
-        offsets = torch.arange(block_gamma + 1, device=device)
-        columns = torch.where(write, at.unsqueeze(1) + offsets, scratch)
+        write = (emitted >= 0) & active.unsqueeze(1)  # (R, k+1): finished rows are computed, never written
+        columns = torch.where(write, at.unsqueeze(1) + torch.arange(block_gamma + 1, device=device), scratch)
         sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
-        lengths = lengths + torch.where(active, out.num_emitted.to(device) if policy is None else num_accepted + 1, 0)
-        draft_behind = torch.where(num_accepted == block_gamma, 2, 1)
+        ends = ends + torch.where(active, num_accepted + 1, 0)
+        behind = torch.where(num_accepted == block_gamma, 2, 1)
         bound = min(bound + block_gamma + 1, capacity)
     full = sequence.tolist()
-    accepted = list(torch.stack(accepted_log).cpu().unbind(0))
+    accepted, lengths = torch.stack([torch.stack(accepted_log), torch.stack(lengths_log)]).cpu()  # (blocks, B)
     tokens = [full[b][len(row):len(row) + max_new_tokens] for b, row in enumerate(rows)]
     clock.mark("end")
     return _timed(DecodeResult(tokens=tokens, target_forwards=target_forwards, draft_forwards=draft_forwards,
-                               accepted=accepted, gamma=longest_block,
-                               lengths=list(torch.stack(lengths_log).cpu().unbind(0)) if policy else []), clock)
+                               accepted=list(accepted.unbind(0)), gamma=policy.max_gamma,
+                               lengths=list(lengths.unbind(0))), clock)
+
+
+def _as_policy(gamma) -> DraftPolicy:
+    """Return ``gamma`` as a draft-length policy: a policy as it is, a number as ``FixedLength``."""
+    if isinstance(gamma, DraftPolicy):
+        return gamma
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 or a draft-length policy, got {gamma!r}")
+    return FixedLength(gamma)
+
+
+def _verifier(sampler: Optional[Callable], rule: str, per_row: bool) -> Callable:
+    """Return the verification rule: ``sampler``, or the lossless rule called ``rule``."""
+    if sampler is None:
+        return rule_sampler(rule)
+    if rule != "token":
+        raise ValueError(f"pass either rule={rule!r} or a sampler, not both")
+    parameters = inspect.signature(sampler).parameters.values()
+    if per_row and not any(p.name == "lengths" or p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ValueError("per_row=True verifies each row at its own length: the sampler must take lengths= "
+                         "(as sampler.rejection_sample does)")
+    return sampler
+
+
+def _check_pair(target: GPT, draft: GPT) -> None:
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
+                         f"draft has {draft.config.vocab_size}")
+    if target.device != draft.device:
+        raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
+
+
+def _read(active: torch.Tensor, problem: torch.Tensor, outcome: Optional[torch.Tensor]):
+    """Return, in one host read: how many rows are finished, whether any logits were bad, which rows
+    decode (a list of 0/1), and the last block's (3, R) outcome as three lists (empty before the first)."""
+    count = len(active)
+    parts = [(~active).sum().unsqueeze(0), problem.long().unsqueeze(0), active.long()]
+    host = torch.cat(parts + ([] if outcome is None else [outcome.reshape(-1)])).tolist()
+    past = host[2 + count:]
+    return host[0], host[1], host[2:2 + count], [past[i * count:(i + 1) * count] for i in range(3)]
+
+
+def _plan(policy: DraftPolicy, states: list, origin_host: list, active_host: list, per_row: bool, device):
+    """Return the block's length (the longest asked for) and each row's (R,), from the decoding rows'
+    states: shared, one length for them all; per row, each its own; a finished row is given 1."""
+    decoding = [states[o] for o, a in zip(origin_host, active_host) if a]
+    asked = [policy.length(state) for state in decoding] if per_row else [policy.batch_length(decoding)]
+    if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= policy.max_gamma for k in asked):
+        raise ValueError(f"the policy {policy.describe()} asked for draft lengths {sorted(set(asked))}; "
+                         f"each must be an integer in [1, {policy.max_gamma}]")
+    own = iter(asked if per_row else asked * len(decoding))
+    return max(asked), torch.tensor([next(own) if a else 1 for a in active_host], device=device)
+
+
+def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor, behind: torch.Tensor,
+                 at: torch.Tensor, active: torch.Tensor, row_gamma: torch.Tensor, block_gamma: int, span: int,
+                 policy: DraftPolicy, config: SamplingConfig, generator: torch.Generator):
+    """Return up to ``block_gamma`` drafts per row (R, k), the q each was sampled from (R, k, V), each row's
+    length after its confidence stops (R,), and whether any draft logits were bad.
+
+    ``unseen`` (R, 2) are the tokens from position ``first`` on, of which the draft has not fed the last
+    ``behind``; drafting stops early, at k < block_gamma, only when every decoding row has stopped."""
+    logits = call(unseen, first, cache, span=span, check=False)
+    draft_logits = logits[torch.arange(len(at), device=at.device), behind - 1]  # (R, V) at position n - 1
+    problem = logits_problem(draft_logits)
+    confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
+    drafts, draft_probs = [], []
+    for i in range(block_gamma):
+        probs = logits_to_probs(draft_logits, config, check=False)  # (R, V)
+        token = _sample(probs, generator)  # (R,)
+        drafts.append(token)
+        draft_probs.append(probs)
+        if confident:  # stop right after a token the draft was unsure of
+            # its probability under q; when decoding greedily q is one-hot, so (as transformers does)
+            # under the draft's softmax at temperature 1
+            sure = probs if config.temperature > 0 else torch.softmax(draft_logits.float(), -1)
+            stop = policy.stop_after(sure.gather(1, token.unsqueeze(1)).squeeze(1))
+            row_gamma = torch.where(stop & (row_gamma > i + 1), i + 1, row_gamma)
+            if i + 1 < block_gamma and not bool(((row_gamma > i + 1) & active).any()):  # a host read
+                break
+        if i + 1 < block_gamma:
+            draft_logits = call(token.unsqueeze(1), at + i, cache, span=span, check=False)[:, -1]  # (R, V)
+            problem |= logits_problem(draft_logits)
+    return torch.stack(drafts, 1), torch.stack(draft_probs, 1), row_gamma, problem
+
+
+def _in_batch(values: torch.Tensor, origin: torch.Tensor, batch: int) -> torch.Tensor:
+    """Return (B,) ``values`` of the decoding rows at their rows of the batch, -1 at the rows dropped."""
+    if len(origin) == batch:
+        return values
+    return torch.full((batch,), -1, dtype=values.dtype, device=values.device).index_copy_(0, origin, values)
 
 
 @torch.no_grad()
@@ -460,11 +481,7 @@ def multi_draft_decode(target: GPT, draft: GPT, prompt: Prompt, max_new_tokens: 
         raise ValueError(f"drafts (chains per block) must be an integer >= 1, got {drafts!r}")
     if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
         raise ValueError("multi_draft_decode takes one prompt (its chains are the batch), not a list of prompts")
-    if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: target has {target.config.vocab_size} tokens, "
-                         f"draft has {draft.config.vocab_size}")
-    if target.device != draft.device:
-        raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
+    _check_pair(target, draft)
     row = encode_prompts([prompt], target.config.vocab_size)[0]
     check_room(target, [row], max_new_tokens, lookahead=gamma + 2)
     check_room(draft, [row], max_new_tokens, lookahead=gamma + 2)
