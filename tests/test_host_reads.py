@@ -1,9 +1,11 @@
-"""The decoding loop reads at most one pair of numbers back to the host per block, and the sampler none.
+"""The decoding loop reads back to the host once per block, a draft-length policy included, and the sampler never.
 
 On a GPU each host read (``.item()``, ``.tolist()``, ``bool(tensor)``, ...) stalls until the device has
 finished its queued work; a small model then spends its time waiting. These tests count the reads by
 patching the Tensor methods that do them (``timing.count_host_reads``) and fail above the bounds the engine
-promises: at most 2 per speculative block, at most 1 per plain token. They count calls, on a CPU; a read
+promises: at most 2 per speculative block, at most 1 per plain token. A policy's outcome (each row's
+accepted drafts, for its state) comes back in the next block's read, so it adds none; a confidence stop
+adds one per draft step. They count calls, on a CPU; a read
 made inside a C++ kernel (a boolean mask, say) is not counted, so the engine avoids those by
 construction (every per-row decision is a ``torch.where``).
 """
@@ -13,6 +15,7 @@ import torch
 
 from speculative.decode import DecodingError, plain_decode, speculative_decode
 from speculative.pair import load_pair
+from speculative.policy import make_policy
 from speculative.sampler import rejection_sample
 from speculative.timing import count_host_reads
 from speculative.transforms import SamplingConfig
@@ -23,20 +26,29 @@ def pair():
     return load_pair()
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_speculative_decode_reads_at_most_two_values_per_block(pair, batch):
+CALIBRATION = {"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}}
+
+
+@pytest.mark.parametrize("gamma, batch, per_row", [
+    ("fixed", 1, False), ("fixed", 4, False), ("heuristic", 4, False), ("heuristic", 4, True), ("auto", 1, False),
+    ("confidence", 4, False), ("confidence", 4, True)])
+def test_speculative_decode_reads_once_per_block(pair, gamma, batch, per_row):
     # batch 4 with prompts of different lengths: rows finish at different blocks and are dropped
     prompts = [pair.prompts[i][:40 + 7 * i] for i in range(batch)]
     generator = torch.Generator().manual_seed(0)
+    policy = 4 if gamma == "fixed" else make_policy(gamma, gamma=4, calibration=CALIBRATION)
     with count_host_reads() as counter:
-        out = speculative_decode(pair.target, pair.draft, prompts, 64, 4, SamplingConfig(temperature=1.0), generator)
+        out = speculative_decode(pair.target, pair.draft, prompts, 64, policy, SamplingConfig(temperature=1.0),
+                                 generator, per_row=per_row)
     blocks = len(out.accepted)
-    assert blocks >= 64 // 5
-    assert counter["reads"] <= 2 * blocks, (counter["reads"], blocks)  # the promise
-    # what the loop really does: one read per block, one more for the check that finds every row done,
-    # and two after the loop (the tokens and the acceptance counts); a read that crept into the loop,
-    # even in some blocks only, exceeds this
-    assert counter["reads"] <= blocks + 3, (counter["reads"], blocks)
+    assert blocks >= 64 // 9
+    # a confidence stop reads once per draft step after a block's first (at most once per draft forward)
+    steps = out.draft_forwards - 1 if gamma == "confidence" else 0  # (less the prefill's forward)
+    assert counter["reads"] <= 2 * blocks + steps, (counter["reads"], blocks)  # the promise
+    # what the loop really does: one read per block (with the last block's outcome for a policy), one
+    # more for the check that finds every row done, and two after the loop (the tokens, and the accepted
+    # counts with the lengths); a read that crept into the loop, even in some blocks only, exceeds this
+    assert counter["reads"] <= blocks + 3 + steps, (counter["reads"], blocks)
 
 
 def test_plain_decode_reads_at_most_one_value_per_token(pair):
