@@ -50,19 +50,6 @@ __all__ = ["DecodeResult", "DecodingError", "plain_decode", "speculative_decode"
            "prefill"]
 
 Prompt = Union[bytes, str, Sequence[int]]
-_MOVED = {"exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate"}
-
-
-def __getattr__(name):  # names that lived here before: still importable from speculative.decode
-    if name in _MOVED:
-        from importlib import import_module
-
-        return getattr(import_module(f".{_MOVED[name]}", __package__), name)
-    if name == "acceptance_rate":
-        from .stats import measured_acceptance_rate
-
-        return measured_acceptance_rate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

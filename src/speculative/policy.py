@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from . import defaults
+
 __all__ = ["DraftPolicy", "FixedLength", "HeuristicSchedule", "ConfidenceStop", "CostModelPolicy",
            "POLICIES", "make_policy", "expected_tokens", "isotonic"]
 
@@ -121,7 +123,7 @@ class ConfidenceStop(DraftPolicy):
     hands it the draft's probability of the token under q, or under the draft's softmax at temperature
     1 when decoding greedily (q is then one-hot), as transformers does."""
 
-    threshold: float = 0.4
+    threshold: float = defaults.CONFIDENCE_THRESHOLD
     max_gamma: int = 16
     name: str = "confidence"
 
@@ -245,7 +247,7 @@ def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, m
     if name == "heuristic":
         return HeuristicSchedule(start_gamma=min(gamma, max_gamma), max_gamma=max_gamma)
     if name == "confidence":
-        return ConfidenceStop(threshold=0.4, max_gamma=max_gamma)
+        return ConfidenceStop(threshold=defaults.CONFIDENCE_THRESHOLD, max_gamma=max_gamma)
     if name == "auto":
         if calibration is None:
             raise ValueError("the auto policy needs a calibration (c and v per gamma, from bench.calibrate_steps)")
