@@ -365,17 +365,19 @@ def test_bench_peer_races_every_policy(tmp_path):
 def test_the_race_decodes_a_block_policy_by_block_verification(pair):
     # bench peer's decoder for "auto+block" really runs the block rule: the same seed gives the block rule's
     # tokens, not the token-wise rule's
-    from speculative.bench import _ours, split_policy
+    from speculative.bench import PeerSettings, _peer_decoders, split_policy
 
     config = SamplingConfig(temperature=1.0)
     policy = make_policy("heuristic", gamma=4, max_gamma=8)
     generator = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    rule = split_policy("heuristic+block")[1]
-    raced = _ours(pair, policy, config, generator, rule, pair.prompts[4], 48).tokens
+    settings = PeerSettings(policies=("heuristic+block",))
+    (decoder,) = [d for d in _peer_decoders(pair, settings, config, 5, {"heuristic+block": policy}, models={})
+                  if d.name == "ours_heuristic_block"]
+    raced = decoder.run(list(pair.prompts[4]), 48).tokens[0]
     prompt = [pair.prompts[4]]
     block = speculative_decode(pair.target, pair.draft, prompt, 48, policy, config, generator(), rule="block")
     token = speculative_decode(pair.target, pair.draft, prompt, 48, policy, config, generator())
-    assert raced == block.tokens and raced != token.tokens
+    assert raced == block.tokens[0] and raced != token.tokens[0]
     with pytest.raises(ValueError, match="unknown verification rule 'tree'"):
         split_policy("auto+tree")
 
