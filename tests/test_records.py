@@ -49,6 +49,33 @@ def test_a_fresh_records_summary_is_its_reanalysed_observations(fresh_records, b
     assert normalised(analysis.analyse(record)) == normalised(record["results"])
 
 
+def test_the_summary_means_what_the_old_benchmark_meant(fresh_records):
+    """The summary's main figures, recomputed here by hand from the observations."""
+    record = fresh_records["decode"]
+    row = analysis.row_where(record, batch=2, temperature=1.0, gamma=2)
+    timed = [o for o in record["observations"] if o["batch"] == 2 and not o.get("timing_run")]
+    plain = [o["seconds"] - o["prefill_seconds"] for o in timed if o["decoder"] is None]
+    spec = [o for o in timed if o["decoder"] == [2, "token", 1]]
+    assert len(spec) == len(plain) == 2  # one group of two prompts, two repeats
+    assert row["speedup"] == pytest.approx(sum(plain) / sum(o["seconds"] - o["prefill_seconds"] for o in spec))
+    counts = [a for o in spec for block in o["accepted"] for a in block if a >= 0]
+    assert row["alpha"] == pytest.approx(sum(counts) / sum(a + (a < 2) for a in counts))  # accepted / tested
+    calls = sum(len(o["accepted"]) for o in spec)
+    assert row["tokens_per_target_forward"] == pytest.approx(8 * len(spec) / calls)
+    assert row["target_calls_per_group"] == [calls]
+    first = next(o for o in spec if o["repeat"] == 0)
+    assert row["accepted_per_block"] == [list(r) for r in zip(*first["accepted"])]
+
+
+def test_settings_listing_a_value_twice_are_refused():
+    from speculative.bench import DecodeSettings, PeerSettings, SamplerSettings
+
+    for make in (lambda: DecodeSettings(batches=(1, 1)), lambda: DecodeSettings(temperatures=(1.0, 1.0)),
+                 lambda: PeerSettings(temperatures=(0.0, 0.0)), lambda: SamplerSettings(vocabs=(16, 16))):
+        with pytest.raises(ValueError, match="listed once"):
+            make()
+
+
 def test_the_summary_follows_the_observations(fresh_records):
     """Re-analysis is not an echo: a slower plain run shows up in the speedup."""
     record = json.loads(json.dumps(fresh_records["decode"]))
@@ -77,22 +104,41 @@ def test_an_old_record_is_refused_with_one_line_saying_how_to_re_record(tmp_path
     with pytest.raises(ValueError) as error:
         records.read_record(old)
     message = str(error.value)
-    assert "schema-1 record" in message and "python -m speculative bench decode --out" in message
+    assert "schema-1 record" in message and "python -m speculative bench decode and the settings" in message
     assert "\n" not in message
     with pytest.raises(ValueError, match="cannot be re-analysed"):
         analysis.analyse({"benchmark": "decode", "results": []})
-    for text, expected in (("{", "is not JSON"), ("[1]", "not a benchmark record")):
+    for text, expected in (("{", "is not JSON"), ("[1]", "not a benchmark record"),
+                           ('{"benchmark": "decode", "schema": "two"}', "schema must be a whole number"),
+                           ('{"benchmark": "decode", "schema": 3}', "newer than this library")):
         old.write_text(text)
-        with pytest.raises(ValueError, match=expected):
+        with pytest.raises(ValueError, match=expected) as error:
             records.read_record(old)
+        assert str(old) in str(error.value) and "\n" not in str(error.value)
+    old.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not a record file"):
+        records.read_record(old)
+    with pytest.raises(ValueError, match="not a record file"):
+        records.read_record(tmp_path)
 
 
-def test_a_record_is_written_whole_or_not_at_all(tmp_path, fresh_records):
+def test_a_record_is_written_whole_or_not_at_all(tmp_path, fresh_records, monkeypatch):
+    import pathlib
+
     path = tmp_path / "deep" / "r.json"
     assert records.write_record(fresh_records["sampler"], str(path)) == path
     assert records.read_record(path) == fresh_records["sampler"]
     with pytest.raises(TypeError):  # a value JSON cannot hold: the old record stays as it was
         records.write_record({"benchmark": "sampler", "schema": 2, "bad": object()}, str(path))
+
+    def interrupted(self, target):  # the new record was written in full beside the old, then the move failed
+        assert self.read_text().endswith("\n") and self.name.startswith(".r.json.partial-")
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(pathlib.Path, "replace", interrupted)
+    with pytest.raises(OSError, match="disk gone"):
+        records.write_record({"benchmark": "sampler", "schema": 2, "results": []}, str(path))
+    monkeypatch.undo()
     assert records.read_record(path) == fresh_records["sampler"]
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no partial file left behind
     assert records.write_record({}, None) is None

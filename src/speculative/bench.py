@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from . import defaults
-from .analysis import analyse, calibration_costs, prompts_hash, repeat_share, tokens_hash
+from .analysis import analyse, calibration_costs, peer_decoder, prompts_hash, repeat_share, tokens_hash
 from .model import GPT
 from .records import SCHEMA_VERSION
 from .sampler import draw_randomness, reference_rejection_sample, rejection_sample, rule_sampler
@@ -38,7 +38,14 @@ def _positive_ints(name: str, values, allow_empty: bool = False) -> tuple:
     if (not values and not allow_empty) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                                for v in values):
         raise ValueError(f"{name} must be integers >= 1, got {list(values)}")
+    _distinct(name, values)
     return values
+
+
+def _distinct(name: str, values) -> None:
+    """A value listed twice would be measured twice and pooled by the analysis as one point: refuse it."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} must each be listed once, got {list(values)}")
 
 
 def _positive_int(name: str, value) -> int:
@@ -291,6 +298,7 @@ class DecodeSettings(RunSettings):
         temperatures = tuple(self.temperatures)
         if not temperatures:
             raise ValueError("gammas, temperatures and batches must each name at least one value")
+        _distinct("temperatures", temperatures)
         batches = _positive_ints("batch sizes", self.batches)
         _positive_int("calibration_repeats", self.calibration_repeats)
         if max(drafts) > 1 and max(batches) > 1:
@@ -508,6 +516,8 @@ class PeerSettings(RunSettings):
         _positive_int("gamma", self.gamma)
         if not temperatures or any(t < 0 for t in temperatures):
             raise ValueError(f"temperatures must be >= 0, got {list(temperatures)}")
+        _distinct("temperatures", temperatures)
+        _distinct("schedules", schedules)
         if not schedules or any(s not in HF_SCHEDULES for s in schedules):
             raise ValueError(f"schedules must be among {', '.join(HF_SCHEDULES)}, got {list(schedules)}")
         _set(self, policies=policies, schedules=schedules, temperatures=temperatures)
@@ -571,8 +581,6 @@ def _peer_decoders(pair, s: PeerSettings, config, seed: int, policies: dict, mod
 
 
 def _decoder_name(policy: str) -> str:
-    from .analysis import peer_decoder
-
     return peer_decoder(policy)
 
 

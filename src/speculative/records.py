@@ -59,8 +59,12 @@ __all__ = ["SCHEMA_VERSION", "write_record", "read_record", "schema_of"]
 
 
 def schema_of(record: dict) -> int:
-    """Return a record's schema version (1 for a record written before versions were kept)."""
-    return int(record.get("schema", 1))
+    """Return a record's schema version (1 for a record written before versions were kept); a ValueError
+    when the field is not a whole number."""
+    version = record.get("schema", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError(f"a record's schema must be a whole number, got {version!r}")
+    return version
 
 
 def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
@@ -82,15 +86,24 @@ def read_record(path) -> dict:
     """Return the record at ``path``; a ValueError names a file that is not a record of this schema."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"no record at {path}") from None
+    except (IsADirectoryError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a record file ({type(error).__name__})") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not JSON ({error.msg} at line {error.lineno})") from None
     if not isinstance(record, dict) or "benchmark" not in record:
         raise ValueError(f"{path} is not a benchmark record (no 'benchmark' field)")
-    version = schema_of(record)
+    try:
+        version = schema_of(record)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"{path} is a schema-{version} record, newer than this library's schema {SCHEMA_VERSION}: "
+                         "install a newer speculative")
     if version != SCHEMA_VERSION:
         raise ValueError(f"{path} is a schema-{version} record (this library reads schema {SCHEMA_VERSION}); "
-                         f"re-record it: python -m speculative bench {record['benchmark']} --out {path}")
+                         f"re-record it with python -m speculative bench {record['benchmark']} and the settings "
+                         "in its config")
     return record
