@@ -570,7 +570,7 @@ def _peer_decoders(pair, s: PeerSettings, config, seed: int, policies: dict, mod
         return lambda row, n: assisted_generate(models["hf_target"], models["hf_draft"], row, n, t, schedule,
                                                 s.gamma, seed)
 
-    out = [Decoder(_decoder_name(p), ours(policies[p], split_policy(p)[1]), _engine_counts) for p in s.policies]
+    out = [Decoder(peer_decoder(p), ours(policies[p], split_policy(p)[1]), _engine_counts) for p in s.policies]
     out.append(Decoder("ours_plain", lambda row, n: plain_decode(pair.target, [row], n, config, generator())))
     if "wrapped" in models:
         out.append(Decoder("ours_on_hf_models", lambda row, n: speculative_decode(
@@ -578,10 +578,6 @@ def _peer_decoders(pair, s: PeerSettings, config, seed: int, policies: dict, mod
     out.append(Decoder("hf_plain", lambda row, n: plain_generate(models["hf_target"], row, n, t, seed)))
     out += [Decoder(f"hf_{schedule}", assisted(schedule), _assisted_counts) for schedule in s.schedules]
     return out
-
-
-def _decoder_name(policy: str) -> str:
-    return peer_decoder(policy)
 
 
 def _peer_policies(pair, s: PeerSettings, config, rows) -> tuple[dict, list]:
@@ -651,8 +647,8 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
             models["wrapped"] = (wrap(models["hf_target"]), wrap(models["hf_draft"]))
     else:  # a wrapped transformers pair: ours already runs transformers' forwards
         models = {"hf_target": pair.target.model, "hf_draft": pair.draft.model}
-    names = len(_peer_decoders(pair, s, SamplingConfig(), s.seed, {p: s.gamma for p in s.policies}, models))
-    bar = tqdm(total=len(s.temperatures) * s.repeats * s.prompts * names, desc="peer race", disable=not progress,
+    per_prompt = len(_peer_decoders(pair, s, SamplingConfig(), s.seed, {p: s.gamma for p in s.policies}, models))
+    bar = tqdm(total=len(s.temperatures) * s.repeats * s.prompts * per_prompt, desc="peer race", disable=not progress,
                file=sys.stderr)
     observations, calibrations = [], []
     for temperature in s.temperatures:
