@@ -1,7 +1,8 @@
 """decode.py on the shipped pair: greedy equality, the exact law of two bytes, a planted rollback bug.
 
 The distribution tests compare the first two bytes speculative decoding emits after a fixed prompt with
-their exact law, computed from the target itself (`exact_two_byte_law`). They reject at p < 1e-6
+their exact law, computed from the target itself (`exact_two_byte_law`), on conftest's cheaper `law_pair`
+(the shipped draft as the target, a nudged copy as the draft). They reject at p < 1e-6
 (stats.FALSE_ALARM_RATE), so each raises a false alarm with probability 1e-6; seeds are fixed.
 """
 
@@ -19,11 +20,6 @@ from speculative.transforms import SamplingConfig
 GREEDY = SamplingConfig(temperature=0)
 ROWS = 12_000  # samples per distribution test
 CHUNK = 1_500  # rows decoded per call, to bound the KV cache memory
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return load_pair()
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])
@@ -90,19 +86,20 @@ def _law(pair, config):
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)],
                          ids=lambda c: c.describe())
-def test_first_two_bytes_follow_the_exact_law(pair, config):
-    law = _law(pair, config)
-    result = stats.goodness_of_fit(_two_bytes(speculative_decode, pair, config, seed=7), law)
+def test_first_two_bytes_follow_the_exact_law(law_pair, config):
+    law = _law(law_pair, config)
+    result = stats.goodness_of_fit(_two_bytes(speculative_decode, law_pair, config, seed=7), law)
     assert not result.rejects(), result
     # what this sample size can see: any law whose TV from this one, on the pooled cells, is this large
     detectable = stats.detectable_tv(ROWS, stats.pooled(law, ROWS))
     assert detectable < 0.1
 
 
-def test_the_distribution_test_catches_an_off_by_one_rollback(pair):
+def test_the_distribution_test_catches_an_off_by_one_rollback(law_pair):
     broken = planted_rollback_bug()
     config = SamplingConfig(temperature=1.0)
-    result = stats.goodness_of_fit(_two_bytes(broken.speculative_decode, pair, config, seed=8), _law(pair, config))
+    result = stats.goodness_of_fit(_two_bytes(broken.speculative_decode, law_pair, config, seed=8),
+                                   _law(law_pair, config))
     assert result.rejects(), result
 
 

@@ -3,10 +3,12 @@
 The two-byte tests in test_decode.py see at most the start of a second block. Here the law of the first
 6 or 8 emitted tokens is computed exactly from full forwards of the target (``evaluate.exact_sequence_law``,
 enumerated over the support, which top-k / top-p keep small), and the engine's outputs are tested
-against it. At gamma = 4, eight tokens always reach a second block, and the runs are checked to contain
-blocks that start after a full acceptance (bonus token, draft two tokens behind) and after a rejection
-in mid-block; at gamma = 1 every row goes through several blocks. One batch mixes two prompts of
-different lengths, so rows finish at different blocks and are dropped.
+against it. The models are conftest's ``law_pair`` (the shipped draft as the target, a nudged copy of it
+as the draft), about ten times cheaper per row than the shipped pair: the law holds or fails for any
+pair, and the cost of a test is its rows. At gamma = 4, eight tokens always reach a second block, and
+the runs are checked to contain blocks that start after a full acceptance (bonus token, draft two
+tokens behind) and after a rejection in mid-block; at gamma = 1 every row goes through several blocks.
+One batch mixes two prompts of different lengths, so rows finish at different blocks and are dropped.
 
 Each test is Pearson's chi-square after pooling (``stats.goodness_of_fit``) and rejects at
 p < 1e-6 (``stats.FALSE_ALARM_RATE``): a correct engine fails it with probability 1e-6 per test, and the
@@ -26,7 +28,6 @@ from conftest import planted_cut_bug, planted_rollback_bug
 from speculative import stats
 from speculative.decode import plain_decode, speculative_decode
 from speculative.evaluate import exact_sequence_law
-from speculative.pair import load_pair
 from speculative.transforms import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -35,18 +36,13 @@ TOP2 = SamplingConfig(temperature=1.0, top_k=2)
 NUCLEUS = SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return load_pair()
-
-
 _LAWS = {}
 
 
-def _law(pair, prompt, config, length):
+def _law(law_pair, prompt, config, length):
     key = (prompt, config, length)
     if key not in _LAWS:  # several tests share a law; it costs a few seconds to enumerate
-        _LAWS[key] = exact_sequence_law(pair.target, prompt, config, length)
+        _LAWS[key] = exact_sequence_law(law_pair.target, prompt, config, length)
     law, margin = _LAWS[key]
     # the engine's forwards round differently from full ones (about 1e-5 in a logit); a support decided
     # by a closer margin would make the test depend on rounding
@@ -90,12 +86,12 @@ def _paths(logs, gamma):
 
 
 @pytest.mark.parametrize("gamma", [4, 1])
-def test_eight_tokens_follow_their_exact_law(pair, gamma):
-    prompt, length, rows = pair.prompts[1], 8, 4_500
-    law = _law(pair, prompt, TOP2, length)
+def test_eight_tokens_follow_their_exact_law(law_pair, gamma):
+    prompt, length, rows = law_pair.prompts[1], 8, 4_500
+    law = _law(law_pair, prompt, TOP2, length)
 
     def decode(prompts, n, generator):
-        return speculative_decode(pair.target, pair.draft, prompts, n, gamma, TOP2, generator)
+        return speculative_decode(law_pair.target, law_pair.draft, prompts, n, gamma, TOP2, generator)
 
     (counts,), logs = _sample(decode, [prompt], rows, length, seed=21 + gamma)
     result, probs = _fit(counts, law)
@@ -107,25 +103,25 @@ def test_eight_tokens_follow_their_exact_law(pair, gamma):
         assert mid_reject > 100  # blocks that began after a rejection in mid-block
 
 
-def test_plain_decoding_follows_the_same_exact_law(pair):
+def test_plain_decoding_follows_the_same_exact_law(law_pair):
     # the control: the law the engine is held to is the one plain decoding samples from
-    prompt, length, rows = pair.prompts[1], 8, 3_000
-    law = _law(pair, prompt, TOP2, length)
-    (counts,), _ = _sample(lambda prompts, n, g: plain_decode(pair.target, prompts, n, TOP2, g), [prompt], rows,
+    prompt, length, rows = law_pair.prompts[1], 8, 3_000
+    law = _law(law_pair, prompt, TOP2, length)
+    (counts,), _ = _sample(lambda prompts, n, g: plain_decode(law_pair.target, prompts, n, TOP2, g), [prompt], rows,
                            length, seed=31)
     result, probs = _fit(counts, law)
     assert not result.rejects(), result
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
 
 
-def test_a_batch_of_two_prompt_lengths_follows_each_prompts_law(pair):
+def test_a_batch_of_two_prompt_lengths_follows_each_prompts_law(law_pair):
     # rows of 96 and 60 bytes in one batch, temperature 0.7 with top-k and top-p: each row's six tokens
     # must follow its own prompt's law (two tests: a family-wise false-alarm rate of 2e-6)
-    prompts, length, rows = [pair.prompts[11], pair.prompts[1][:60]], 6, 3_000
-    laws = [_law(pair, p, NUCLEUS, length) for p in prompts]
+    prompts, length, rows = [law_pair.prompts[11], law_pair.prompts[1][:60]], 6, 3_000
+    laws = [_law(law_pair, p, NUCLEUS, length) for p in prompts]
 
     def decode(batch, n, generator):
-        return speculative_decode(pair.target, pair.draft, batch, n, 4, NUCLEUS, generator)
+        return speculative_decode(law_pair.target, law_pair.draft, batch, n, 4, NUCLEUS, generator)
 
     counts, logs = _sample(decode, prompts, rows, length, seed=41)
     for counter, law in zip(counts, laws):
@@ -137,26 +133,26 @@ def test_a_batch_of_two_prompt_lengths_follows_each_prompts_law(pair):
     assert after_full > 50 and mid_reject > 50
 
 
-def test_the_planted_rollback_bug_is_caught_past_the_first_block(pair):
+def test_the_planted_rollback_bug_is_caught_past_the_first_block(law_pair):
     broken = planted_rollback_bug()
-    prompt, length, rows = pair.prompts[1], 8, 3_000
-    law = _law(pair, prompt, TOP2, length)
+    prompt, length, rows = law_pair.prompts[1], 8, 3_000
+    law = _law(law_pair, prompt, TOP2, length)
 
     def decode(prompts, n, generator):
-        return broken.speculative_decode(pair.target, pair.draft, prompts, n, 4, TOP2, generator)
+        return broken.speculative_decode(law_pair.target, law_pair.draft, prompts, n, 4, TOP2, generator)
 
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=51)
     result, _ = _fit(counts, law)
     assert result.rejects(), result
 
 
-def test_block_verification_in_the_engine_follows_the_exact_law(pair):
+def test_block_verification_in_the_engine_follows_the_exact_law(law_pair):
     # chapter 10: the same eight-token test with rule="block" (the engine's sampler swapped by name)
-    prompt, length, rows, gamma = pair.prompts[1], 8, 4_500, 4
-    law = _law(pair, prompt, TOP2, length)
+    prompt, length, rows, gamma = law_pair.prompts[1], 8, 4_500, 4
+    law = _law(law_pair, prompt, TOP2, length)
 
     def decode(prompts, n, generator):
-        return speculative_decode(pair.target, pair.draft, prompts, n, gamma, TOP2, generator, rule="block")
+        return speculative_decode(law_pair.target, law_pair.draft, prompts, n, gamma, TOP2, generator, rule="block")
 
     (counts,), logs = _sample(decode, [prompt], rows, length, seed=61)
     result, probs = _fit(counts, law)
@@ -167,17 +163,18 @@ def test_block_verification_in_the_engine_follows_the_exact_law(pair):
 
 
 @pytest.mark.parametrize("scheme", ["with_replacement", "without_replacement"])
-def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
+def test_multi_draft_decoding_follows_the_exact_law(law_pair, scheme):
     # chapter 10: two chains per block as two rows, root verified by the scheme, chosen chain token-wise.
     # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
     from speculative.decode import multi_draft_decode
 
-    prompt, length, rows, gamma = pair.prompts[1], 6, 1_500, 2
-    law = _law(pair, prompt, TOP2, length)
+    prompt, length, rows, gamma = law_pair.prompts[1], 6, 1_500, 2
+    law = _law(law_pair, prompt, TOP2, length)
     generator = torch.Generator().manual_seed(71)
     counts, roots_rejected, chains_used = Counter(), 0, 0
     for _ in range(rows):
-        out = multi_draft_decode(pair.target, pair.draft, prompt, length, gamma, 2, TOP2, generator, scheme=scheme)
+        out = multi_draft_decode(law_pair.target, law_pair.draft, prompt, length, gamma, 2, TOP2, generator,
+                                 scheme=scheme)
         counts[tuple(out.tokens[0])] += 1
         blocks = [int(a) for a in out.accepted]
         roots_rejected += blocks.count(0)
@@ -192,27 +189,27 @@ def test_multi_draft_decoding_follows_the_exact_law(pair, scheme):
     ("heuristic", "token", True, 61), ("confidence", "token", True, 61), ("auto", "token", True, 61),
     ("heuristic", "block", True, 83), ("confidence", "block", True, 83),
     ("confidence", "token", False, 67), ("auto", "token", False, 67), ("confidence", "block", False, 89)])
-def test_draft_length_policies_follow_the_exact_law(pair, name, rule, per_row, seed):
+def test_draft_length_policies_follow_the_exact_law(law_pair, name, rule, per_row, seed):
     # per_row: lengths chosen per row from each row's past (speculative.policy): rows of one batch draft up
     # to the longest; token-wise, a shorter row's verification is cut at its own length, with its last token
     # from p there; under block verification the block sampler verifies each row as a block of its own
     # length (lengths=...), the confidence stop included, which exact.adaptive_sequence_law allows.
     # Shared (the default): the block's length comes from every row's past, and every row verifies it all;
-    # decoded in batches of 4 rows, where the confidence stop can end a shared block early
+    # decoded in batches of 16 rows, where the confidence stop can still end a shared block early
     from types import SimpleNamespace
 
     from speculative.policy import make_policy
 
-    prompt, length, rows = pair.prompts[1], 8, 3_000
-    law = _law(pair, prompt, TOP2, length)
+    prompt, length, rows = law_pair.prompts[1], 8, 3_000
+    law = _law(law_pair, prompt, TOP2, length)
     policy = make_policy(name, gamma=3, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}}, max_gamma=6)
-    outputs, batch = [], CHUNK if per_row else 4
+    outputs, batch = [], CHUNK if per_row else 16
 
     def decode(prompts, n, generator):
         tokens = []
         for start in range(0, len(prompts), batch):
-            outputs.append(speculative_decode(pair.target, pair.draft, prompts[start:start + batch], n, policy, TOP2,
-                                              generator, rule=rule, per_row=per_row))
+            outputs.append(speculative_decode(law_pair.target, law_pair.draft, prompts[start:start + batch], n, policy,
+                                              TOP2, generator, rule=rule, per_row=per_row))
             tokens += outputs[-1].tokens
         return SimpleNamespace(tokens=tokens, accepted=[])
 
@@ -228,18 +225,18 @@ def test_draft_length_policies_follow_the_exact_law(pair, name, rule, per_row, s
         assert len({s.max().item() for out in outputs for s in out.lengths}) > 1
 
 
-def test_a_planted_cut_bug_is_caught(pair):
+def test_a_planted_cut_bug_is_caught(law_pair):
     # the heuristic gives rows of one batch different lengths; a sampler that draws a cut row's last token
     # one position too far must fail the same test that the right engine passes
     from speculative.policy import make_policy
 
     broken = planted_cut_bug().rejection_sample
-    prompt, length, rows = pair.prompts[1], 8, 3_000
-    law = _law(pair, prompt, TOP2, length)
+    prompt, length, rows = law_pair.prompts[1], 8, 3_000
+    law = _law(law_pair, prompt, TOP2, length)
     policy = make_policy("heuristic", gamma=3, max_gamma=6)
 
     def decode(prompts, n, generator):
-        return speculative_decode(pair.target, pair.draft, prompts, n, policy, TOP2, generator, sampler=broken,
+        return speculative_decode(law_pair.target, law_pair.draft, prompts, n, policy, TOP2, generator, sampler=broken,
                                   per_row=True)
 
     (counts,), _ = _sample(decode, [prompt], rows, length, seed=61)
