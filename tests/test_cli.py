@@ -52,7 +52,7 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "1,2", "--temperature", "0,1",
                  "--batch", "1,2", "--prompts", "4", "--max-new-tokens", "4", "--repeats", "2", "--no-progress",
-                 "--out", str(out)]) == 0
+                 "--calibration-repeats", "1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert len(record["pair_sha256"]) == 64 and len(record["prompts_sha256"]) == 64
     assert record["config"]["max_new_tokens"] == 4 and record["config"]["prompts"] == 4
@@ -226,7 +226,7 @@ def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
     out = tmp_path / "rules.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2", "--temperature", "0,1",
                  "--batch", "1", "--prompts", "3", "--max-new-tokens", "6", "--repeats", "1", "--rule", "token,block",
-                 "--drafts", "1,2", "--no-progress", "--out", str(out)]) == 0
+                 "--drafts", "1,2", "--no-progress", "--calibration-repeats", "1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["config"]["rules"] == ["token", "block"] and record["config"]["drafts"] == [1, 2]
     variants = sorted((r["temperature"], r["rule"], r["drafts"]) for r in record["results"])

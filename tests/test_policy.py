@@ -267,8 +267,10 @@ def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
     out = tmp_path / "auto.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2,auto", "--temperature", "0,1",
                  "--batch", "1,2", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
-                 "--rule", "token,block", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["results"]
+                 "--rule", "token,block", "--calibration-repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    rows = record["results"]
+    assert record["config"]["calibration_repeats"] == 1  # the flag reached the benchmark
     auto = [r for r in rows if r["gamma"] == "auto"]
     assert sorted(r["rule"] for r in auto) == ["block"] * 4 + ["token"] * 4  # the cost model under either rule
     assert all(1 <= r["mean_gamma"] <= 8 and r["predicted"] > 0 for r in auto)
@@ -299,7 +301,7 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     out = tmp_path / "auto.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "auto", "--temperature", "1",
                  "--batch", "1", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
-                 "--out", str(out)]) == 0
+                 "--calibration-repeats", "1", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["results"]
     fitted = {int(k): x for k, x in row["calibration"]["v_fitted"].items()}
     assert fitted[1] == fitted[2]  # pooled: v(1) and v(2) share their mean
@@ -341,8 +343,10 @@ def test_bench_peer_races_every_policy(tmp_path):
     out = tmp_path / "peer.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "1",
                  "--schedules", "fixed", "--policies", "fixed,heuristic,confidence,auto,auto+block", "--no-progress",
-                 "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["results"]
+                 "--calibration-repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    rows = record["results"]
+    assert record["config"]["calibration_repeats"] == 1 and {c["repeats"] for c in record["calibrations"]} == {1}
     assert sorted(r["policy"] for r in rows) == ["auto", "auto+block", "confidence", "fixed", "heuristic"]
     assert [r["rule"] for r in rows if r["policy"] == "auto+block"] == ["block"]
     for row in rows:  # the cost model's rows keep its calibration, the fit it chose by included

@@ -195,6 +195,8 @@ def _add_bench_decode(targets, formatter) -> None:
                         help="held-out prompts decoded per point, in groups of the batch size")
     decode.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per row")
     decode.add_argument("--repeats", type=_int, default=d["repeats"], help="timed runs per point, after a warm-up")
+    decode.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
+                        help="rounds of the step timings the cost model is calibrated from (medians kept)")
     decode.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
     decode.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     decode.add_argument("--dtype", choices=_DTYPES, default="float32",
@@ -230,6 +232,8 @@ def _add_bench_peer(targets, formatter) -> None:
     peer.add_argument("--repeats", type=_int, default=d["repeats"],
                       help="timed rounds over the prompts, after a warm-up")
     peer.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
+    peer.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
+                      help="rounds of the step timings the auto policy is calibrated from (medians kept)")
     peer.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     peer.add_argument("--dtype", choices=_DTYPES, default="float32", help="weights and cache dtype")
     peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
@@ -286,7 +290,7 @@ def _run_bench_decode(args) -> int:
     settings = DecodeSettings(gammas=args.gamma, temperatures=args.temperature, batches=args.batch,
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
                               prompts=args.prompts, top_k=args.top_k, top_p=args.top_p, rules=args.rule,
-                              drafts=args.drafts, scheme=args.scheme)
+                              drafts=args.drafts, scheme=args.scheme, calibration_repeats=args.calibration_repeats)
     return _write(bench_decode(pair, settings, progress=not args.no_progress), format_decode_table, args.out)
 
 
@@ -300,7 +304,7 @@ def _run_bench_peer(args) -> int:
     pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
     settings = PeerSettings(temperatures=args.temperature, gamma=args.gamma, schedules=args.schedules,
                             policies=args.policies, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                            repeats=args.repeats, seed=args.seed)
+                            repeats=args.repeats, seed=args.seed, calibration_repeats=args.calibration_repeats)
     return _write(bench_peer(pair, settings, progress=not args.no_progress), format_peer_table, args.out)
 
 

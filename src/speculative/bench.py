@@ -165,8 +165,9 @@ def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
 
 
 @torch.no_grad()
-def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int, repeats: int = 5,
-                    seed: int = 0, rule: str = "token") -> dict:
+def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int,
+                    repeats: int = defaults.BENCH_DECODE["calibration_repeats"], seed: int = 0,
+                    rule: str = "token") -> dict:
     """Return the median seconds of each step of the decoding loops, timed apart from any decoding run.
 
     A step is what the loops do per call, not the forward alone: a plain step is one target forward,
@@ -243,16 +244,18 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What both decoding benchmarks fix: held-out prompts decoded, new tokens per row, timed repeats, seed
-    (defaults: :data:`defaults.BENCH_DECODE`, shared by ``bench peer``)."""
+    """What both decoding benchmarks fix: held-out prompts decoded, new tokens per row, timed repeats, seed,
+    and the rounds of :func:`calibrate_steps` behind a cost model (defaults: :data:`defaults.BENCH_DECODE`,
+    shared by ``bench peer``)."""
 
     prompts: int = defaults.BENCH_DECODE["prompts"]
     max_new_tokens: int = defaults.BENCH_DECODE["max_new_tokens"]
     repeats: int = defaults.BENCH_DECODE["repeats"]
     seed: int = defaults.BENCH_DECODE["seed"]
+    calibration_repeats: int = defaults.BENCH_DECODE["calibration_repeats"]
 
     def __post_init__(self):
-        for name in ("prompts", "max_new_tokens", "repeats"):
+        for name in ("prompts", "max_new_tokens", "repeats", "calibration_repeats"):
             _positive_int(name, getattr(self, name))
 
 
@@ -273,7 +276,6 @@ class DecodeSettings(RunSettings):
     rules: tuple = defaults.BENCH_DECODE["rules"]
     drafts: tuple = defaults.BENCH_DECODE["drafts"]
     scheme: str = defaults.BENCH_DECODE["scheme"]
-    calibration_repeats: int = defaults.BENCH_DECODE["calibration_repeats"]  # rounds of calibrate_steps
 
     def __post_init__(self):
         from .sampler import _check_scheme
@@ -300,7 +302,6 @@ class DecodeSettings(RunSettings):
             raise ValueError("gammas, temperatures and batches must each name at least one value")
         _distinct("temperatures", temperatures)
         batches = _positive_ints("batch sizes", self.batches)
-        _positive_int("calibration_repeats", self.calibration_repeats)
         if max(drafts) > 1 and max(batches) > 1:
             raise ValueError("multi-draft decoding runs one prompt at a time (its chains are the batch): use batch 1")
         if max(batches) > self.prompts:
@@ -592,7 +593,7 @@ def _peer_policies(pair, s: PeerSettings, config, rows) -> tuple[dict, list]:
             policies[p] = s.gamma
         elif base == "auto":
             raw = calibrate_steps(pair, rows[:1], list(range(1, defaults.AUTO_MAX_GAMMA + 1)), config,
-                                  s.max_new_tokens, seed=s.seed, rule=rule)
+                                  s.max_new_tokens, repeats=s.calibration_repeats, seed=s.seed, rule=rule)
             policies[p] = make_policy("auto", calibration=raw, max_gamma=defaults.AUTO_MAX_GAMMA)
             calibrations.append({"temperature": config.temperature, "policy": p,
                                  **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
