@@ -55,8 +55,10 @@ book: $(BUILT)
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check src tests
 
+# pytest on two workers (pytest-xdist), one test file each at a time, so that a file's shared fixtures are
+# built once; the 30 slowest tests are listed at the end
 test: book lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile --durations=30
 
 sync: $(INSTALLED)
 	$(PY) -m speculative.colab notebooks/[0-9]*.md

@@ -2,6 +2,7 @@
 
 import importlib.util
 import inspect
+import os
 import sys
 
 import pytest
@@ -11,6 +12,10 @@ from speculative import decode, sampler
 from speculative.model import GPT, GPTConfig
 from speculative.pair import save_pair
 from speculative.train import make_prompts
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs two pytest workers on two cores: one thread each, so that they do not fight over the cores
+    torch.set_num_threads(1)
 
 TINY = GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)
 
