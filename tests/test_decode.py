@@ -103,9 +103,9 @@ def test_the_distribution_test_catches_an_off_by_one_rollback(law_pair):
     assert result.rejects(), result
 
 
-def test_exact_two_byte_law_matches_plain_sampling_marginal(pair):
-    law = exact_two_byte_law(pair.target, pair.prompts[1])
-    logits = pair.target(torch.tensor([list(pair.prompts[1])]))[0, -1]
+def test_exact_two_byte_law_matches_plain_sampling_marginal(law_pair):
+    law = exact_two_byte_law(law_pair.target, law_pair.prompts[1])
+    logits = law_pair.target(torch.tensor([list(law_pair.prompts[1])]))[0, -1]
     assert torch.allclose(law.sum(1).float(), torch.softmax(logits, -1), atol=1e-5)
 
 
