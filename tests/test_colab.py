@@ -9,6 +9,7 @@ at which every cell runs but the claims that need a sample are not asserted. The
 runs every chapter at its normal scale and asserts them all.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,10 @@ def test_the_wheel_carries_the_pair_and_the_records(wheel_site):
 def test_colab_edition_runs_alone_from_the_wheel(edition, wheel_site, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(wheel_site))  # the kernel inherits it: the wheel shadows the checkout
     monkeypatch.setenv("SPECULATIVE_SCALE", "smoke")  # what is read from where needs no scale
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one thread, like the worker itself (conftest.py): two kernel threads beside the other worker
+        # oversubscribe the 2 cores, and torch's spinning threads made these editions 3-5x slower
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
     notebook = nbformat.read(edition, as_version=4)
     # first, prove the kernel imports the wheel, not the repository
     notebook.cells.insert(0, nbformat.v4.new_code_cell(

@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .rule import normalized_residual, residual, validate_pair
-from .transforms import SamplingConfig, exact_transform
+from .transforms import SamplingConfig, exact_transform, logits_to_probs
 
 __all__ = ["Pitfall", "PITFALLS", "FIX", "exact_correct", "sample_correct", "extend", "find", "diff_from_correct",
            "typical_acceptance_sampler", "resample_from_target_sampler", "MULTI_DRAFT_PITFALLS",
@@ -379,19 +379,13 @@ def sample_unguarded_zero_residual(p, q, n, generator, shortfall=0.0):
 
 
 def sample_ratio_mismatch(p, q, n, generator, sampled_with=SamplingConfig(temperature=0.5)):
-    proposal = torch.tensor([float(v) for v in exact_transform([Fraction(float(v)) for v in _exactish(q)],
-                                                               sampled_with)], dtype=p.dtype)
+    # q's logits through the engine's own transform (float32 rounding; exact Fractions over V = 32,000 took 30 s)
+    proposal = logits_to_probs(q.double().log(), sampled_with).to(p.dtype)
     x = torch.multinomial(proposal, n, replacement=True, generator=generator)  # MISTAKE: sampled from q'
     u = torch.rand(n, generator=generator, dtype=p.dtype)
     keep = u * q[x] < p[x]  # ... verified against q
     y = _categorical(_residual_or_target(p, q), torch.rand(n, generator=generator, dtype=p.dtype))
     return torch.where(keep, x, y)
-
-
-def _exactish(q: torch.Tensor) -> list[Fraction]:
-    values = [Fraction(float(v)).limit_denominator(10**9) for v in q]
-    total = sum(values)
-    return [v / total for v in values]
 
 
 def sample_prune_reuse_formula(p, q, n, generator, threshold=float(PRUNE_THRESHOLD)):
