@@ -56,10 +56,10 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check src tests
 
 # pytest on two workers (pytest-xdist), one test file each at a time, so that a file's shared fixtures are
-# built once; the 30 slowest tests are listed at the end. The book is built first, never beside the tests:
+# built once, the longest files first (tests/conftest.py); the 30 slowest tests are listed at the end. The book is built first, never beside the tests:
 # chapters 07 and 08 time decoding live, and a busy machine would slow every chapter several times over.
 test: book lint
-	$(PY) -m pytest -n 2 --dist loadfile --durations=30
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 sync: $(INSTALLED)
 	$(PY) -m speculative.colab notebooks/[0-9]*.md

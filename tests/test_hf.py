@@ -302,7 +302,9 @@ def test_the_gpu_sections_race_runs_on_tiny_checkpoints(tmp_path):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
     out = race_public_pair(str(tmp_path / "t"), str(tmp_path / "d"), device="cpu", dtype=torch.float32,
-                           prompts=["def f(x):\n    return", "import os\n"], gammas=(2, 3), max_new_tokens=8)
+                           prompts=["def f(x):\n    return", "import os\n"], gammas=(2, 3), max_new_tokens=8,
+                           calibration_repeats=1)
+    assert out["decode"]["config"]["calibration_repeats"] == out["peer"]["config"]["calibration_repeats"] == 1
     assert {r["gamma"] for r in out["decode"]["results"]} == {2, 3}
     peer = out["peer"]["results"]
     assert {(r["temperature"], r["hf_schedule"]) for r in peer} == {(0.0, "default"), (0.0, "fixed"), (1.0, "default"),

@@ -134,7 +134,7 @@ def bench_sampler(settings: Optional[SamplerSettings] = None, *, progress: bool 
     record = {"schema": SCHEMA_VERSION, "benchmark": "sampler",
               "what": "rejection_sample (vectorised over batch and positions) vs reference_rejection_sample "
                       "(plain Python, row by row), same inputs, medians of interleaved runs",
-              "environment": environment(device), "config": {"k": k, "repeats": s.repeats, "seed": s.seed},
+              "environment": environment(device, probe=True), "config": {"k": k, "repeats": s.repeats, "seed": s.seed},
               "observations": observations}
     record["results"] = analyse(record)
     return record
@@ -422,7 +422,7 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
         "schema": SCHEMA_VERSION, "benchmark": "decode",
         "what": "plain vs speculative decoding, side by side, same prompts and seeds; decode phase (after the "
                 "prefill), totals over repeats; prediction from a separate calibration of the loop's steps",
-        "environment": environment(device), "pair_sha256": pair.sha256,
+        "environment": environment(device, probe=True), "pair_sha256": pair.sha256,
         "pair": {k: pair.info[k] for k in ("target_validation_bpb", "draft_validation_bpb", "target_parameters",
                                           "draft_parameters") if k in pair.info},
         "prompts_sha256": prompts_hash(pair.prompts),
@@ -679,7 +679,7 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
         "schema": SCHEMA_VERSION, "benchmark": "peer",
         "what": "this engine vs transformers' assisted generation on the same exported models, batch 1, side by "
                 "side, every prompt decoded by every decoder in turn; whole calls timed (prefill included)",
-        "environment": {**environment(device), "transformers": transformers.__version__,
+        "environment": {**environment(device, probe=True), "transformers": transformers.__version__,
                         "scikit_learn_installed": sklearn},
         "pair_sha256": pair.sha256, "prompts_sha256": prompts_hash(pair.prompts[:s.prompts]),
         "config": {**dataclasses.asdict(s), "peer_max_gamma": defaults.PEER_MAX_GAMMA,
@@ -695,6 +695,7 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
 
 def race_public_pair(target: str, draft: str, device: str = "cuda", dtype=torch.bfloat16,
                      prompts=(), gammas=(2, 4, 6), max_new_tokens: int = 128, repeats: int = 1,
+                     calibration_repeats: int = defaults.BENCH_DECODE["calibration_repeats"],
                      progress: bool = False) -> dict:
     """Load ``target`` and ``draft`` with :func:`hf.load_pair` and return two records measured on them:
     ``decode`` (:func:`bench_decode`: plain vs this engine at each gamma, T = 0 and 1, batch 1) and
@@ -706,7 +707,8 @@ def race_public_pair(target: str, draft: str, device: str = "cuda", dtype=torch.
     loaded = load_pair(target, draft, prompts, device=device, dtype=dtype)
     count = len(loaded.prompts)
     decode = bench_decode(loaded, gammas=tuple(gammas), temperatures=(0.0, 1.0), batches=(1,),
-                          max_new_tokens=max_new_tokens, repeats=repeats, prompts=count, progress=progress)
+                          max_new_tokens=max_new_tokens, repeats=repeats, prompts=count,
+                          calibration_repeats=calibration_repeats, progress=progress)
     peer = bench_peer(loaded, gamma=sorted(gammas)[len(gammas) // 2], prompts=count, max_new_tokens=max_new_tokens,
-                      repeats=repeats, progress=progress)
+                      repeats=repeats, calibration_repeats=calibration_repeats, progress=progress)
     return {"decode": decode, "peer": peer}

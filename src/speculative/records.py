@@ -12,8 +12,10 @@ else:
 ``what``
     one sentence: what was measured, side by side.
 ``environment``
-    :func:`speculative.timing.environment`: device, accelerator, torch, threads, CPU, Python, date; the
-    peer race adds transformers' version.
+    :func:`speculative.timing.environment`: device, accelerator, torch, threads, CPU, Python, date, and
+    ``host_probe`` (:func:`speculative.timing.host_probe`: a softmax's milliseconds and the first-touch
+    memory rate, taken as the run starts, so that a slow machine can be told from slow code); the peer
+    race adds transformers' version. The analysis reads none of it.
 ``pair_sha256``, ``pair``, ``prompts_sha256``
     (decode, peer) the model pair's checksum, its validation figures, and the prompts' checksum.
 ``config``

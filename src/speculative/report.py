@@ -15,9 +15,13 @@ __all__ = ["describe_machine", "format_sampler_table", "format_decode_table", "f
 
 
 def describe_machine(environment: dict) -> str:
-    """Return one line saying what a record was measured on: device (accelerator or CPU), torch, threads."""
+    """Return one line saying what a record was measured on: device (accelerator or CPU), torch, threads,
+    and the host probe's softmax time where the record has one (:func:`speculative.timing.host_probe`)."""
     env = environment
-    return f"{env['device']} ({env.get('accelerator') or env['cpu']}), torch {env['torch']}, {env['threads']} threads"
+    line = f"{env['device']} ({env.get('accelerator') or env['cpu']}), torch {env['torch']}, {env['threads']} threads"
+    if "host_probe" in env:
+        line += f" (host probe: softmax {env['host_probe']['softmax_ms']:.1f} ms)"
+    return line
 
 
 SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions verified per second (batch x k per "

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["synchronize", "Clock", "NO_CLOCK", "environment", "median_call_seconds", "HOST_READS", "count_host_reads"]
+__all__ = ["synchronize", "Clock", "NO_CLOCK", "environment", "host_probe", "median_call_seconds", "HOST_READS",
+           "count_host_reads"]
 
 #: The Tensor methods that bring a value back to the host; on CUDA each waits for the device's queued work.
 HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero")
@@ -140,9 +141,33 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(device="cpu") -> dict:
+def host_probe(repeats: int = 3) -> dict:
+    """Return two quick measurements of the host as it is now, for a record's ``environment``: the median
+    milliseconds of a float32 softmax over 64 x 5 x 32,000 values (what ``bench sampler``'s largest point
+    computes) and the rate, in GiB/s, at which fresh memory is written for the first time (page faults).
+
+    The same virtual machine can run many times slower from one day to the next (on the 2-core machine
+    this book is built on, ``bench sampler``'s largest point verified 41,124 positions/s on 2026-11-29 and
+    1,772 on 2026-12-01, with the same code); the probe lets a reader tell such a run from a change in the
+    code. It takes about 0.2 s.
+    """
+    x = torch.randn(64, 5, 32_000, generator=torch.Generator().manual_seed(0))
+    softmax = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        torch.softmax(x, dim=-1)
+        softmax.append(time.perf_counter() - began)
+    size = 64 * 2**20
+    began = time.perf_counter()
+    torch.ones(size // 4, dtype=torch.float32)  # fresh pages: the allocator asks the OS for them
+    touched = time.perf_counter() - began
+    return {"softmax_ms": 1000 * sorted(softmax)[len(softmax) // 2],
+            "first_touch_gib_per_s": size / 2**30 / touched}
+
+
+def environment(device="cpu", probe: bool = False) -> dict:
     """Return what a measurement ran on: device, accelerator name, library and torch versions, threads, CPU,
-    Python, OS."""
+    Python, OS; with ``probe``, also :func:`host_probe` (the benchmarks' records carry it)."""
     device = str(device)
     from . import __version__
 
@@ -160,4 +185,6 @@ def environment(device="cpu") -> dict:
     if device.startswith("cuda") and torch.cuda.is_available():
         info["accelerator"] = torch.cuda.get_device_name(torch.device(device))
         info["cuda"] = torch.version.cuda
+    if probe:
+        info["host_probe"] = host_probe()
     return info
