@@ -195,7 +195,7 @@ def test_draft_length_policies_follow_the_exact_law(law_pair, name, rule, per_ro
     # from p there; under block verification the block sampler verifies each row as a block of its own
     # length (lengths=...), the confidence stop included, which exact.adaptive_sequence_law allows.
     # Shared (the default): the block's length comes from every row's past, and every row verifies it all;
-    # decoded in batches of 16 rows, where the confidence stop can still end a shared block early
+    # decoded in batches of 48 rows, where the confidence stop can still end a shared block early
     from types import SimpleNamespace
 
     from speculative.policy import make_policy
@@ -203,7 +203,7 @@ def test_draft_length_policies_follow_the_exact_law(law_pair, name, rule, per_ro
     prompt, length, rows = law_pair.prompts[1], 8, 3_000
     law = _law(law_pair, prompt, TOP2, length)
     policy = make_policy(name, gamma=3, calibration={"c": 0.1, "v": {1: 1.3, 4: 1.4, 8: 1.6}}, max_gamma=6)
-    outputs, batch = [], CHUNK if per_row else 16
+    outputs, batch = [], CHUNK if per_row else 48
 
     def decode(prompts, n, generator):
         tokens = []
