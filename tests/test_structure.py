@@ -14,7 +14,7 @@ import speculative
 PACKAGE = Path(speculative.__file__).parent
 MODULES = {path.stem: path for path in PACKAGE.glob("*.py")}
 #: the measuring, analysis and report modules are held to shorter functions (issue 22)
-OUTER_RING = {"bench", "analysis", "report", "records"}
+OUTER_RING = {"bench", "analysis", "report", "records", "gpu_report"}
 
 
 def _imports(path: Path) -> set[str]:

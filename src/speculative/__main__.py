@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | audit | bench sampler|decode|peer | train``.
+"""Command line: ``python -m speculative verify | audit | bench sampler|decode|peer | gpu-report | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 
@@ -107,11 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,train}",
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,gpu-report,train}",
                                      parser_class=_Parser)
 
     _add_verify_and_audit(commands, formatter)
     _add_bench(commands, formatter)
+    _add_gpu_report(commands, formatter)
     _add_train(commands, formatter)
     return parser
 
@@ -240,6 +241,29 @@ def _add_bench_peer(targets, formatter) -> None:
     peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     peer.set_defaults(run=_run_bench_peer)
 
+
+
+def _add_gpu_report(commands, formatter) -> None:
+    """The ``gpu-report`` command."""
+    report = commands.add_parser("gpu-report", help="the book's GPU evidence in one command: the sampler, the "
+                                 "shipped pair's sweep, host syncs per block and the public pair's race, each "
+                                 "written as a record (see speculative.gpu_report)", formatter_class=formatter)
+    report.add_argument("--device", default="cuda", help="cuda[:N]; cpu runs every step at the smoke sizes, "
+                        "into *_cpu_smoke.json (for testing the command without a GPU)")
+    report.add_argument("--out-dir", default="results", help="folder for the records")
+    report.add_argument("--budget", type=_seconds, default=defaults.GPU_REPORT["budget_s"],
+                        help="seconds after which the steps not yet started are skipped")
+    report.set_defaults(run=_run_gpu_report)
+
+
+def _run_gpu_report(args) -> int:
+    from .gpu_report import gpu_report
+
+    device = args.device
+    if device != "cpu" and device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"unknown device {device!r}: use cpu or cuda[:N]")
+    gpu_report(device=device, out_dir=args.out_dir, budget_s=args.budget)
+    return 0
 
 
 def _add_train(commands, formatter) -> None:

@@ -142,12 +142,24 @@ def tokens_hash(tokens: Sequence[int]) -> str:
 
 def analyse(record: dict) -> list[dict]:
     """Return the summary rows (a record's ``results``) recomputed from its observations."""
-    by_benchmark = {"sampler": _sampler_results, "decode": _decode_results, "peer": _peer_results}
+    by_benchmark = {"sampler": _sampler_results, "decode": _decode_results, "peer": _peer_results,
+                    "syncs": _syncs_results}
     if record.get("benchmark") not in by_benchmark:
-        raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected sampler, decode or peer")
+        raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected sampler, decode, peer or syncs")
     if "observations" not in record:
         raise ValueError("the record keeps no observations (schema 1): it cannot be re-analysed")
     return by_benchmark[record["benchmark"]](record)
+
+
+def _syncs_results(record: dict) -> list[dict]:
+    """Per batch and temperature: the CUDA syncs and the host reads per block (target call)."""
+    rows = []
+    for o in record["observations"]:
+        syncs = o["cuda_syncs"]
+        rows.append({"batch": o["batch"], "temperature": o["temperature"], "gamma": o["gamma"], "blocks": o["blocks"],
+                     "cuda_syncs_per_block": None if syncs is None else syncs / o["blocks"],
+                     "host_reads_per_block": o["host_reads"] / o["blocks"]})
+    return rows
 
 
 def _sampler_results(record: dict) -> list[dict]:

@@ -60,3 +60,24 @@ BENCH_PEER = {"temperatures": (0.0, 1.0), "gamma": 4, "schedules": ("default", "
 #: The confidence stop's threshold: drafting stops after a token the draft gave less than this probability
 #: (transformers' default ``assistant_confidence_threshold``).
 CONFIDENCE_THRESHOLD = 0.4
+
+#: ``gpu-report`` (:mod:`speculative.gpu_report`) on one GPU: each step's sizes and the report's time budget in
+#: seconds. Sized to fit about 8 minutes on one GPU (not yet measured there): the shipped pair's forwards
+#: cost about a millisecond on a GPU, so its sweep is dominated by the number of calls.
+GPU_REPORT = {
+    "budget_s": 480,
+    "sampler": {"batches": (1, 64), "vocabs": (256, 32000), "repeats": 5},
+    "decode": {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 1.0), "batches": (1, 16), "prompts": 16,
+               "max_new_tokens": 64, "repeats": 3, "calibration_repeats": 3},
+    "syncs": {"batches": (1, 16), "temperatures": (0.0, 1.0), "gamma": 4, "max_new_tokens": 64},
+    "public": {"prompts": 4, "gammas": (2, 4, 6), "max_new_tokens": 64, "repeats": 1, "calibration_repeats": 2},
+}
+#: ``gpu-report --device cpu``: the same steps at sizes a CPU runs in seconds (for the offline test).
+GPU_REPORT_SMOKE = {
+    "budget_s": 480,
+    "sampler": {"batches": (2,), "vocabs": (16,), "repeats": 1},
+    "decode": {"gammas": (2,), "temperatures": (0.0, 1.0), "batches": (1,), "prompts": 2, "max_new_tokens": 8,
+               "repeats": 1, "calibration_repeats": 1},
+    "syncs": {"batches": (1, 2), "temperatures": (1.0,), "gamma": 4, "max_new_tokens": 16},
+    "public": {"prompts": 2, "gammas": (2, 3), "max_new_tokens": 8, "repeats": 1, "calibration_repeats": 1},
+}

@@ -8,7 +8,8 @@ else:
 ``schema``
     :data:`SCHEMA_VERSION`. A record without it (written before observations were kept) is schema 1.
 ``benchmark``
-    ``"sampler"``, ``"decode"`` or ``"peer"``: which :mod:`speculative.bench` function wrote it.
+    ``"sampler"``, ``"decode"`` or ``"peer"``: which :mod:`speculative.bench` function wrote it;
+    ``"syncs"``: :func:`speculative.gpu_report.measure_syncs`.
 ``what``
     one sentence: what was measured, side by side.
 ``environment``
@@ -36,6 +37,9 @@ else:
     - peer: one per (temperature, repeat, prompt, decoder name): ``seconds``, ``blocks`` (target calls
       that emitted tokens), ``drafted``, ``accepted`` and ``tokens_sha256`` (of the emitted tokens,
       to tell whether greedy decoders agreed).
+    - syncs: one per (batch, temperature): ``batch``, ``temperature``, ``gamma``, ``blocks`` (target
+      calls), ``cuda_syncs`` (what ``torch.cuda.set_sync_debug_mode("warn")`` reported; null on a CPU)
+      and ``host_reads`` (:func:`speculative.timing.count_host_reads`).
 ``calibrations``
     (decode, peer) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the point it
     was taken at; ``forward_costs`` (decode) the forwards timed alone.
