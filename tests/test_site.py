@@ -186,9 +186,8 @@ GLUED_CLAUSES_LEFT = {
     "07_cost_model": {"eff_over_note", "eff_batched_note", "row_verdict", "verdict", "fly_calibration_note",
                       "fly_greedy_best_ours_note", "fly_greedy_best_ours", "fly_hf_threshold_note",
                       "fly_goal_verdict", "gap_verdict", "gap_cal_note", "pad_machine", "pad_verdict"},
-    "08_decoding_demo": {"corpus", "training_history", "gpu_note", "v_noise", "isolation_verdict",
-                         "batch_interval_note", "peer_machine", "peer_lead_source", "peer_wrapper_note",
-                         "peer_sklearn"},
+    "08_decoding_demo": {"corpus", "training_history", "gpu_note", "batch_interval_note", "peer_machine",
+                         "peer_lead_source", "peer_wrapper_note", "peer_sklearn"},
 }
 
 

@@ -94,8 +94,9 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
 #: (plain, and assisted under each schedule raced).
 PEER_LEGEND = (
     "tok/s: new tokens per second of the whole call (prefill included), pooled over prompts and repeats, "
-    "with a 95% bootstrap interval over prompts; ours/HF: the ratio of the two, paired by prompt; alpha: "
-    "accepted / drafted tokens; tok/call: new tokens per target call that emits tokens.")
+    "with a 95% bootstrap interval over prompts; ours/HF: the ratio of the two, paired by prompt; acc/draft: "
+    "accepted / drafted tokens (not alpha, which the decode table gives as accepted / tested: a draft after a "
+    "rejection is drafted but never tested); tok/call: new tokens per target call that emits tokens.")
 
 
 def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str] = None) -> str:
@@ -107,7 +108,7 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
 
     several = len({r.get("policy", "fixed") for r in record["results"]}) > 1 and policy is None
     headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
-               "alpha ours", "alpha HF", "tok/call ours", "tok/call HF"]
+               "acc/draft ours", "acc/draft HF", "tok/call ours", "tok/call HF"]
     rows = []
     for r in record["results"]:
         if policy is not None and r.get("policy", "fixed") != policy:
