@@ -24,7 +24,7 @@ from .stats import measured_acceptance_rate
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
            "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
-           "row_where"]
+           "row_where", "across_records", "compare_rows"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -509,28 +509,74 @@ def compare_variants(record: dict, baseline: tuple = ("token", 1), other: tuple 
     over groups: the same tokens, so it is baseline calls / other calls) and the ratio of speedups
     other / baseline (paired: baseline speculative seconds / other speculative seconds; the plain runs
     are shared)."""
-    seed = record["config"]["seed"]
     rows = {_variant(r): r for r in record["results"]}
     out = []
     for (batch, temperature, gamma, rule, k), base in rows.items():
         if (rule, k) != tuple(baseline) or (batch, temperature, gamma, *other) not in rows:
             continue
-        alt = rows[(batch, temperature, gamma, *other)]
-        new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
-        base_calls, alt_calls = base["target_calls_per_group"], alt["target_calls_per_group"]
-        base_seconds, alt_seconds = base["speculative_seconds_per_group"], alt["speculative_seconds_per_group"]
-        out.append({
-            "batch": batch, "temperature": temperature, "gamma": gamma, "groups": len(base_calls),
-            "baseline": list(baseline), "other": list(other),
-            "baseline_tokens_per_call": base["tokens_per_target_forward"],
-            "baseline_tokens_per_call_ci95": ratio_interval([new] * len(base_calls), base_calls, seed),
-            "other_tokens_per_call": alt["tokens_per_target_forward"],
-            "other_tokens_per_call_ci95": ratio_interval([new] * len(alt_calls), alt_calls, seed),
-            "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
-            "tokens_per_call_ratio_ci95": ratio_interval(base_calls, alt_calls, seed),
-            "baseline_speedup": base["speedup"], "other_speedup": alt["speedup"],
-            "baseline_speedup_ci95": base["speedup_ci95"], "other_speedup_ci95": alt["speedup_ci95"],
-            "speedup_ratio": sum(base_seconds) / sum(alt_seconds),
-            "speedup_ratio_ci95": ratio_interval(base_seconds, alt_seconds, seed),
-        })
+        out.append({"baseline": list(baseline), "other": list(other),
+                    **compare_rows(record, base, rows[(batch, temperature, gamma, *other)])})
     return out
+
+
+def compare_rows(record: dict, baseline: dict, other: dict) -> dict:
+    """Return ``other`` against ``baseline``, two summary rows of one decode record at the same batch and
+    temperature (two rules, two chain counts, or a fixed gamma and a policy), measured on the same prompts
+    and seeds: what :func:`compare_variants` returns for each pair, keyed by the baseline's batch,
+    temperature and gamma."""
+    if (baseline["batch"], baseline["temperature"]) != (other["batch"], other["temperature"]):
+        raise ValueError("compare_rows compares rows of one batch size and temperature")
+    seed, batch = record["config"]["seed"], baseline["batch"]
+    new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
+    base_calls, alt_calls = baseline["target_calls_per_group"], other["target_calls_per_group"]
+    base_seconds, alt_seconds = baseline["speculative_seconds_per_group"], other["speculative_seconds_per_group"]
+    return {
+        "batch": batch, "temperature": baseline["temperature"], "gamma": baseline["gamma"],
+        "groups": len(base_calls),
+        "baseline_tokens_per_call": baseline["tokens_per_target_forward"],
+        "baseline_tokens_per_call_ci95": ratio_interval([new] * len(base_calls), base_calls, seed),
+        "other_tokens_per_call": other["tokens_per_target_forward"],
+        "other_tokens_per_call_ci95": ratio_interval([new] * len(alt_calls), alt_calls, seed),
+        "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
+        "tokens_per_call_ratio_ci95": ratio_interval(base_calls, alt_calls, seed),
+        "baseline_speedup": baseline["speedup"], "other_speedup": other["speedup"],
+        "baseline_speedup_ci95": baseline["speedup_ci95"], "other_speedup_ci95": other["speedup_ci95"],
+        "speedup_ratio": sum(base_seconds) / sum(alt_seconds),
+        "speedup_ratio_ci95": ratio_interval(base_seconds, alt_seconds, seed),
+    }
+
+
+# ---------------------------------------------------------------- the same configuration in several records
+
+def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -> dict:
+    """Return ``figure`` of the one row with ``fields`` in every record that has such a row: the runs of
+    one configuration made by different benchmark runs (on other days, in other orders), so their spread
+    is the drift between independent runs that no within-run interval covers.
+
+    Only records of the same pair, the same prompt set and the same decoding settings (prompts, new tokens)
+    are compared; the first record sets them, and a record that differs is left out and named under
+    ``"left_out"``. Returns ``{"runs": [{"file", "date", figure, figure_ci95}, ...], "low", "high",
+    "median", "n"}``; a ValueError when no record has the row."""
+    def key(record):
+        config = record["config"]
+        return record.get("pair_sha256"), record.get("prompts_sha256"), config.get("prompts"), \
+            config.get("max_new_tokens"), config.get("dtype")
+
+    runs, left_out, reference = [], [], None
+    for record in records:
+        found = rows_where(record, **fields) if isinstance(record.get("results"), list) else []
+        if len(found) != 1 or figure not in found[0]:
+            continue
+        reference = reference or key(record)
+        if key(record) != reference:
+            left_out.append(record.get("file", record.get("benchmark", "?")))
+            continue
+        row = found[0]
+        runs.append({"file": record.get("file", "?"), "date": record["environment"].get("date_utc", "?")[:10],
+                     figure: row[figure], f"{figure}_ci95": row.get(f"{figure}_ci95")})
+    if not runs:
+        shown = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        raise ValueError(f"no record has one row with {shown} and a {figure!r}")
+    values = [r[figure] for r in runs]
+    return {"runs": runs, "n": len(runs), "low": min(values), "high": max(values),
+            "median": statistics.median(values), "left_out": left_out}
