@@ -30,8 +30,10 @@ def _toc_files(node):
 
 
 def test_chapters_are_numbered_without_gaps_and_listed_in_that_order():
-    # the numbers are what chapters and prose refer to ({doc}`05_pitfalls`): a gap or a swap breaks them
-    assert [int(md.name[:2]) for md in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
+    # the numbers are what chapters and prose refer to ({doc}`05_pitfalls`): a gap or a swap breaks them;
+    # 00 is the results page, which comes first and is not a numbered chapter
+    assert [int(md.name[:2]) for md in CHAPTERS] == list(range(len(CHAPTERS)))
+    assert CHAPTERS[0].stem == "00_results" and "notebooks/00_results" in _toc_files(TOC["parts"][0])
     listed = [entry for entry in _toc_files(TOC) if entry.startswith("notebooks/")]
     assert listed == [f"notebooks/{md.stem}" for md in CHAPTERS]
 
@@ -115,7 +117,9 @@ def test_config_builds_each_chapter_once_strictly_and_offline():
     assert all(excluded(f"notebooks/{md.stem}.ipynb") for md in CHAPTERS)
     sources = [f"notebooks/{md.name}" for md in CHAPTERS] + [f"book/{p.name}" for p in (ROOT / "book").glob("*.md")]
     assert not [path for path in sources if excluded(path)]
-    assert CONFIG["only_build_toc_files"] is True and CONFIG["execute"]["execute_notebooks"] == "force"
+    # every chapter is executed on every build: book/_ext/prerun.py empties MyST-NB's cache and fills it
+    assert CONFIG["only_build_toc_files"] is True and CONFIG["execute"]["execute_notebooks"] == "cache"
+    assert CONFIG["sphinx"]["local_extensions"]["prerun"] == "book/_ext"
     assert CONFIG["execute"]["allow_errors"] is False and CONFIG["execute"]["stderr_output"] == "error"
     # warnings are errors in the build that make book and CI run
     build = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "$(JB) build" in line)
@@ -124,6 +128,20 @@ def test_config_builds_each_chapter_once_strictly_and_offline():
     for extension in CONFIG["sphinx"]["extra_extensions"]:
         assert importlib.util.find_spec(extension) is not None, extension
     assert "sphinx-mathjax-offline" in CONFIG["sphinx"]["extra_extensions"]
+
+
+_TIMES_LIVE = re.compile(r"perf_counter|bench_(decode|peer|sampler)\(|race_public_pair\(|Clock\(|time\.time\(")
+
+
+def test_every_chapter_that_times_something_runs_alone():
+    # book/_ext/prerun.py executes chapters two at a time; one that times code live must be listed in
+    # prerun_alone, so that MyST-NB executes it with nothing beside it
+    alone = set(CONFIG["sphinx"]["config"]["prerun_alone"])
+    for md in CHAPTERS:
+        code = "\n".join(re.findall(r"(?s)```\{code-cell\}.*?```", md.read_text()))
+        if _TIMES_LIVE.search(code):
+            assert f"notebooks/{md.stem}" in alone, f"{md.name} times code but would run beside another chapter"
+    assert alone <= {f"notebooks/{md.stem}" for md in CHAPTERS}, alone
 
 
 _NOT_PROSE = [
