@@ -15,6 +15,8 @@ BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md book/* book
 INPUT_LIST := _build/.inputs
 $(shell mkdir -p _build && { echo '$(BOOK_INPUTS)' | cmp -s - $(INPUT_LIST) || echo '$(BOOK_INPUTS)' > $(INPUT_LIST); })
 
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: book test lint install sync clean help
 
 help:
@@ -34,7 +36,10 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
 
 # --no-compile: pip would byte-compile every installed module, torch's thousands included (measured on 2
-# cores: 113 s to install, against 42 s without); Python compiles the modules it imports on first use instead
+# cores: 113 s to install, against 42 s without). Python compiles a module the first time it is imported
+# instead, and writes its bytecode for every later process, unless PYTHONDONTWRITEBYTECODE is set, as it is
+# on the machines this project is built on: it is unexported below, or every kernel, worker and CLI test
+# would compile torch again (an import of torch and sympy took 15 s uncached against 7 s cached).
 $(INSTALLED): requirements.txt constraints.txt pyproject.toml | $(PY)
 	@$(call check_python,$(PY))
 	$(PY) -m pip install --quiet --no-compile -r requirements.txt -c constraints.txt
@@ -44,9 +49,14 @@ install: $(INSTALLED)
 
 # A clean build each time it runs (jupyter-cache cannot see library changes); it runs only when an input
 # is newer than the last successful build.
+# Every chapter runs as its Colab edition does: the package imported from its wheel (unpacked into
+# _build/site, ahead of the editable install on PYTHONPATH; the package refuses to load from anywhere else
+# while SPECULATIVE_PACKAGE_FROM is set), in an empty folder of its own (run_in_temp in _config.yml).
 $(BUILT): $(BOOK_INPUTS) $(INPUT_LIST) $(INSTALLED)
 	rm -rf _build
-	$(JB) build . --builder html -W -n --keep-going
+	$(PY) -m speculative.colab --site _build/site
+	PYTHONPATH=$(CURDIR)/_build/site SPECULATIVE_PACKAGE_FROM=$(CURDIR)/_build/site \
+	  $(JB) build . --builder html -W -n --keep-going
 	@echo '$(BOOK_INPUTS)' > $(INPUT_LIST)
 	@touch $@
 

@@ -184,3 +184,46 @@ def test_citation_file_names_every_author_the_bibliography_names():
             continue
         surnames = [name.split(",")[0].strip() for name in match.group(1).split(" and ")]
         assert [a.get("family-names") for a in entry["authors"]] == surnames, entry["title"]
+
+
+#: about 3,000 words of prose and 30 lines of shown code at most (issue 23); a chapter listed here is over
+#: the word budget and being cut, and the list may only shrink
+WORDS, SHOWN_LINES = 3_000, 33
+OVER_WORDS = {"10_beyond_one_draft"}
+
+
+def prose_words(text: str) -> int:
+    """Words of a chapter's Markdown, code cells and other fenced blocks left out."""
+    if text.startswith("---"):
+        text = text.split("---", 2)[2]
+    return len(re.sub(r"(?s)```.*?```", " ", text).split())
+
+
+def shown_cells(text: str) -> list[tuple[int, str]]:
+    """(lines, first line) of every code cell whose input the reader sees (not removed, not hidden)."""
+    cells = []
+    for body in re.findall(r"(?s)```\{code-cell\}[^\n]*\n(.*?)\n```", text):
+        if re.search(r":tags:.*(remove-cell|remove-input|hide-input|hide-cell)", body):
+            continue
+        lines = [line for line in body.splitlines() if not line.startswith(":tags:")]
+        cells.append((len(lines), lines[0] if lines else ""))
+    return cells
+
+
+def test_prose_words_count_text_not_code():
+    page = "---\nkernelspec: {}\n---\n# Title\n\nOne two three.\n\n```{code-cell} ipython3\nx = 1 2 3 4\n```\n"
+    assert prose_words(page) == 5
+    hidden = "```{code-cell} ipython3\n:tags: [hide-input]\n\na\nb\n```\n```{code-cell} ipython3\na\nb\nc\n```"
+    assert shown_cells(hidden) == [(3, "a")]
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_is_read_in_one_sitting(md):
+    text = md.read_text()
+    words = prose_words(text)
+    if md.stem in OVER_WORDS:
+        assert words > WORDS, f"{md.stem} is within the budget now: take it off OVER_WORDS"
+    else:
+        assert words <= WORDS, f"{md.stem} has {words} words of prose (at most about {WORDS})"
+    long = [cell for cell in shown_cells(text) if cell[0] > SHOWN_LINES]
+    assert not long, f"{md.stem}: shown cells over {SHOWN_LINES} lines (hide their bookkeeping): {long}"

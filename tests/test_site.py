@@ -179,16 +179,9 @@ def test_figures_are_vector_graphics(pages):
     assert images and all(p.suffix == ".svg" for p in images), sorted(p.name for p in images)
 
 
-#: glued values that are still clauses, by chapter: chapters 07 and 08 are rewritten under issue 23 (their
-#: verdicts are sentences built in code). The list may only shrink: a clause glued anywhere else fails, and
-#: so does an entry here once its chapter no longer glues it.
-GLUED_CLAUSES_LEFT = {
-    "07_cost_model": {"eff_over_note", "eff_batched_note", "row_verdict", "verdict", "fly_calibration_note",
-                      "fly_greedy_best_ours_note", "fly_greedy_best_ours", "fly_hf_threshold_note",
-                      "fly_goal_verdict", "gap_verdict", "gap_cal_note", "pad_machine", "pad_verdict"},
-    "08_decoding_demo": {"corpus", "training_history", "gpu_note", "batch_interval_note", "peer_machine",
-                         "peer_lead_source", "peer_wrapper_note", "peer_sklearn"},
-}
+#: glued values that are still clauses, by chapter. Empty: no chapter glues one (issue 23 rewrote the last,
+#: in chapters 07 and 08). A clause glued anywhere fails.
+GLUED_CLAUSES_LEFT = {}
 
 
 def glued_words(text: str) -> int:

@@ -14,7 +14,8 @@ finished: nothing else runs beside them, and their kernels keep torch's default 
 What stays as MyST-NB would do it:
 - each notebook is read with MyST-NB's own reader, so its cache key (its code cells and kernel) is what
   MyST-NB looks up;
-- it runs in its own folder, with MyST-NB's timeout, and errors are not allowed;
+- it runs where MyST-NB would run it (an empty temporary folder with ``run_in_temp``), with MyST-NB's
+  timeout, and errors are not allowed;
 - a notebook that fails here is not cached, so MyST-NB executes it again and the strict build fails on it,
   with its traceback;
 - the cache is emptied first, so every build executes every chapter, as ``execute_notebooks: force`` did
@@ -25,6 +26,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 from sphinx.util import logging
@@ -33,12 +35,16 @@ LOGGER = logging.getLogger(__name__)
 WORKERS = 2
 
 
-def _execute(notebook, folder: Path, timeout: int):
-    """Return (the executed notebook or None, seconds, the error text or None)."""
+def _execute(notebook, folder: Path, timeout: int, in_temp: bool):
+    """Return (the executed notebook, seconds, the error text or None), run in ``folder`` or, with
+    ``in_temp``, in an empty temporary folder, as MyST-NB runs it."""
+    import tempfile
+
     from jupyter_cache.executors.utils import single_nb_execution
 
-    result = single_nb_execution(notebook, cwd=str(folder), allow_errors=False, timeout=timeout,
-                                 meta_override=True)
+    with tempfile.TemporaryDirectory() if in_temp else nullcontext(str(folder)) as cwd:
+        result = single_nb_execution(notebook, cwd=str(cwd), allow_errors=False, timeout=timeout,
+                                     meta_override=True)
     error = None if result.err is None else f"{result.err.__class__.__name__}: {result.err}"
     return notebook, result.time, error
 
@@ -72,7 +78,8 @@ def _prerun(app, env, docnames):
     os.environ["OMP_NUM_THREADS"] = "1"  # read by each kernel as it starts
     try:
         with ThreadPoolExecutor(WORKERS) as pool:
-            futures = [(docname, path, pool.submit(_execute, nb, path.parent, config.execution_timeout))
+            futures = [(docname, path, pool.submit(_execute, nb, path.parent, config.execution_timeout,
+                                                   config.execution_in_temp))
                        for docname, path, nb in jobs]
             for docname, path, future in futures:
                 notebook, seconds, error = future.result()

@@ -18,7 +18,16 @@ The names below are importable from ``speculative`` itself; importing the packag
 one of the torch names is first used, so ``import speculative.rule`` stays torch-free.
 """
 
+import os as _os
+from pathlib import Path as _Path
+
 __version__ = "0.2.0"
+
+# The book is built with the package imported from its wheel (``colab.build_site``), as Colab imports it;
+# the build names that folder here, so that a chapter whose kernel imported the checkout instead fails.
+_EXPECTED = _os.environ.get("SPECULATIVE_PACKAGE_FROM")
+if _EXPECTED and not _Path(__file__).resolve().is_relative_to(_Path(_EXPECTED).resolve()):
+    raise ImportError(f"speculative was imported from {__file__}, not from SPECULATIVE_PACKAGE_FROM={_EXPECTED}")
 
 _PUBLIC = {
     "SamplingConfig": "transforms", "logits_to_probs": "transforms",

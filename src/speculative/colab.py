@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["colab_notebook", "install_cell", "MYST_LEFT", "publish_repository", "write_editions"]
+__all__ = ["colab_notebook", "install_cell", "MYST_LEFT", "publish_repository", "write_editions", "build_site"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What must not survive in a Colab edition's Markdown: a MyST role or directive.
@@ -144,6 +144,40 @@ def write_editions(paths) -> None:
         nbformat.write(notebook, path.with_suffix(".ipynb"), version=4)
 
 
+def build_site(destination) -> Path:
+    """Build the package as a wheel, as Colab installs it, and unpack it into ``destination``; return it.
+
+    The wheel is built from a fresh copy of what the package is made of (``src``, ``results``, the project
+    files), so that no stale ``build/`` folder of the checkout leaks into it. Put ``destination`` first on
+    ``PYTHONPATH`` and the wheel shadows the checkout's editable install: the book is built that way, each
+    chapter in an empty folder, so a chapter that read a file outside the package would fail the build.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+    import zipfile
+
+    destination = Path(destination)
+    with tempfile.TemporaryDirectory() as scratch:
+        source, out = Path(scratch) / "source", Path(scratch) / "wheel"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            shutil.copy(ROOT / name, source / name)
+        skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        shutil.copytree(ROOT / "src", source / "src", ignore=skip)
+        shutil.copytree(ROOT / "results", source / "results", ignore=skip)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(out)], check=True, capture_output=True)
+        (wheel,) = out.glob("speculative-*.whl")
+        shutil.rmtree(destination, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(destination)
+    return destination
+
+
 if __name__ == "__main__":
-    publish_repository(sys.argv[1:])
-    write_editions(sys.argv[1:])
+    if sys.argv[1:2] == ["--site"]:  # python -m speculative.colab --site FOLDER (the Makefile's book build)
+        build_site(sys.argv[2])
+    else:
+        publish_repository(sys.argv[1:])
+        write_editions(sys.argv[1:])
