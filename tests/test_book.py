@@ -85,6 +85,7 @@ def test_demo_settings_read_each_scale_and_refuse_an_unknown_one(monkeypatch):
     monkeypatch.delenv("SPECULATIVE_SCALE")
     small = book.demo_settings("cpu")
     assert small["scale"] == "small" and small["check_claims"] is True and small["audit_rows"] is None
+    assert book.demo_settings("cuda") == small  # a GPU gets no automatic full sweep (chapter 08's budget)
     # smoke runs the same cells on fewer samples: every size is at most the small scale's, every list a subset
     for key, value in defaults.DEMO_SMALL.items():
         if isinstance(value, list):

@@ -201,7 +201,8 @@ def test_no_glued_value_is_a_clause(pages, chapter):
     beside the cell that asserts them (issue 23)."""
     import json
 
-    glued = json.loads((ROOT / "_build" / "jupyter_execute" / "notebooks" / f"{chapter}.glue.json").read_text())
+    path = ROOT / "_build" / "jupyter_execute" / "notebooks" / f"{chapter}.glue.json"
+    glued = json.loads(path.read_text()) if path.exists() else {}  # a page that glues nothing writes none
     clauses = {name for name, value in glued.items()
                if glued_words(value.get("data", {}).get("text/plain", "")) > 5}
     assert clauses == GLUED_CLAUSES_LEFT.get(chapter, set()), sorted(clauses)

@@ -430,7 +430,9 @@ def row_where(record: dict, **fields) -> dict:
 
 def block_sequences(rows: list[dict]) -> list[list[int]]:
     """Return one sequence of accepted counts per prompt from decode rows of several batch sizes: prompt i's
-    row from the smallest batch that decoded it (batch b decoded prompts 0 .. b-1), -1 entries dropped."""
+    blocks from the smallest batch that decoded it, -1 entries dropped. A row's ``accepted_per_block`` holds
+    its first repeat; where every batch size decoded every prompt, as ``bench decode`` does, this is the
+    batch-1 row's."""
     seen, sequences = set(), []
     for row in sorted(rows, key=lambda r: r["batch"]):
         for prompt, seq in enumerate(row["accepted_per_block"]):
