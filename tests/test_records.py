@@ -27,7 +27,7 @@ def fresh_records(tmp_path_factory):
     """A decode record (a fixed gamma and the cost model, two batch sizes, two repeats, and block
     verification at batch 1 greedily) and a sampler record, each measured once on a tiny pair and read
     back from JSON."""
-    from speculative.bench import bench_decode, bench_sampler
+    from speculative.bench import bench_decode, bench_decode_runs, bench_sampler
     from speculative.pair import load_pair
 
     folder = tmp_path_factory.mktemp("records") / "pair"
@@ -38,14 +38,17 @@ def fresh_records(tmp_path_factory):
     block = bench_decode(pair, gammas=(2,), temperatures=(0.0,), batches=(1,), prompts=2, max_new_tokens=8,
                          repeats=1, rules=("token", "block"), calibration_repeats=1, progress=False)
     sampler = bench_sampler(batches=(2,), vocabs=(16,), repeats=2, progress=False)
+    runs = bench_decode_runs(pair, gammas=(2,), temperatures=(1.0,), batches=(1,), prompts=2, max_new_tokens=8,
+                             repeats=1, calibration_repeats=1, progress=False, runs=2)
     return {name: json.loads(json.dumps(r)) for name, r in (("decode", decode), ("block", block),
-                                                             ("sampler", sampler))}
+                                                             ("sampler", sampler), ("runs", runs))}
 
 
-@pytest.mark.parametrize("benchmark", ["decode", "block", "sampler"])
+@pytest.mark.parametrize("benchmark", ["decode", "block", "sampler", "runs"])
 def test_a_fresh_records_summary_is_its_reanalysed_observations(fresh_records, benchmark):
     record = fresh_records[benchmark]
-    assert record["schema"] == records.SCHEMA_VERSION and record["observations"]
+    assert record["schema"] == records.SCHEMA_VERSION
+    assert all(run["observations"] for run in record.get("runs", [record]))
     assert normalised(analysis.analyse(record)) == normalised(record["results"])
 
 
@@ -65,6 +68,27 @@ def test_the_summary_means_what_the_old_benchmark_meant(fresh_records):
     assert row["target_calls_per_group"] == [calls]
     first = next(o for o in spec if o["repeat"] == 0)
     assert row["accepted_per_block"] == [list(r) for r in zip(*first["accepted"])]
+
+
+def test_a_record_of_several_runs_keeps_each_run_whole_and_its_spread_is_theirs(fresh_records):
+    from speculative.bench import bench_decode_runs
+
+    record = fresh_records["runs"] | {"file": "h.json"}
+    assert record["config"]["runs"] == len(record["runs"]) == 2 and "observations" not in record
+    alone = analysis.split_runs(record)
+    assert [run["file"] for run in alone] == ["h.json run 1", "h.json run 2"]
+    for run, kept in zip(alone, record["runs"]):
+        assert run["environment"] == kept["environment"] and run["observations"] == kept["observations"]
+        bare = {k: v for k, v in run.items() if k not in ("results", "file")}
+        assert normalised(analysis.analyse(bare)) == normalised(run["results"])  # each run is a whole record
+    row = record["results"][0]
+    assert row["speedup_runs"] == [run["results"][0]["speedup"] for run in alone]
+    assert row["speedup_range"] == [min(row["speedup_runs"]), max(row["speedup_runs"])]
+    spread = analysis.across_records([record], batch=1, temperature=1.0, gamma=2)
+    assert spread["n"] == 2 and [spread["low"], spread["high"]] == row["speedup_range"]
+    assert analysis.split_runs(fresh_records["decode"]) == [fresh_records["decode"]]
+    with pytest.raises(ValueError, match="runs must be"):
+        bench_decode_runs(None, runs=0)
 
 
 def test_settings_listing_a_value_twice_are_refused():

@@ -198,6 +198,9 @@ def _add_bench_decode(targets, formatter) -> None:
     decode.add_argument("--repeats", type=_int, default=d["repeats"], help="timed runs per point, after a warm-up")
     decode.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
                         help="rounds of the step timings the cost model is calibrated from (medians kept)")
+    decode.add_argument("--runs", type=_int, default=1,
+                        help="independent runs of the whole benchmark, one after another, each kept in the "
+                             "record's runs list (their spread is the drift between runs)")
     decode.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
     decode.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     decode.add_argument("--dtype", choices=_DTYPES, default="float32",
@@ -297,9 +300,9 @@ def _add_train(commands, formatter) -> None:
 def _run_bench_decode(args) -> int:
     import torch
 
-    from .bench import DecodeSettings, bench_decode
+    from .bench import DecodeSettings, bench_decode, bench_decode_runs
     from .pair import load_pair
-    from .report import format_decode_table
+    from .report import format_decode_table, format_runs_table
 
     if (args.hf_target is None) != (args.hf_draft is None):
         raise ValueError("pass both --hf-target and --hf-draft, or neither")
@@ -315,7 +318,10 @@ def _run_bench_decode(args) -> int:
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
                               prompts=args.prompts, top_k=args.top_k, top_p=args.top_p, rules=args.rule,
                               drafts=args.drafts, scheme=args.scheme, calibration_repeats=args.calibration_repeats)
-    return _write(bench_decode(pair, settings, progress=not args.no_progress), format_decode_table, args.out)
+    if args.runs == 1:
+        return _write(bench_decode(pair, settings, progress=not args.no_progress), format_decode_table, args.out)
+    return _write(bench_decode_runs(pair, settings, runs=args.runs, progress=not args.no_progress), format_runs_table,
+                  args.out)
 
 
 def _run_bench_peer(args) -> int:

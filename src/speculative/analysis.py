@@ -24,7 +24,7 @@ from .stats import measured_acceptance_rate
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
            "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
-           "row_where", "across_records", "compare_rows"]
+           "row_where", "across_records", "compare_rows", "split_runs"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -146,9 +146,48 @@ def analyse(record: dict) -> list[dict]:
                     "syncs": _syncs_results}
     if record.get("benchmark") not in by_benchmark:
         raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected sampler, decode, peer or syncs")
+    if "runs" in record:  # several independent runs: each analysed alone, then set side by side
+        return _across_runs([analyse(run) for run in _each_run(record)])
     if "observations" not in record:
         raise ValueError("the record keeps no observations (schema 1): it cannot be re-analysed")
     return by_benchmark[record["benchmark"]](record)
+
+
+#: the fields that name a configuration in a summary row (the rest are its figures)
+CONFIGURATION = ("batch", "temperature", "gamma", "rule", "drafts", "k", "vocab", "policy", "hf_schedule")
+
+
+def _each_run(record: dict) -> list[dict]:
+    """A record of several runs as one record per run: the shared fields with that run's own."""
+    shared = {k: v for k, v in record.items() if k not in ("runs", "results")}
+    return [{**shared, **run} for run in record["runs"]]
+
+
+def _across_runs(per_run: list[list[dict]]) -> list[dict]:
+    """One row per configuration: each run's row under ``runs``, and the runs' speedups, their range and
+    median (the drift between runs, which no within-run interval covers)."""
+    rows = []
+    for same in zip(*per_run, strict=True):
+        speedups = [r["speedup"] for r in same]
+        rows.append({**{k: same[0][k] for k in CONFIGURATION if k in same[0]}, "runs": list(same),
+                     "speedup_runs": speedups, "speedup_range": [min(speedups), max(speedups)],
+                     "speedup_median_run": statistics.median(speedups)})
+    return rows
+
+
+def split_runs(record: dict) -> list[dict]:
+    """Return a record of several runs (a top-level ``runs`` list) as one record per run, each read as a
+    record of one run reads: its own environment, observations and summary rows, and ``file`` named
+    "<file> run <i>". A record of one run comes back alone, as it is."""
+    if "runs" not in record:
+        return [record]
+    out = []
+    for i, run in enumerate(_each_run(record)):
+        run["results"] = [row["runs"][i] for row in record["results"]]
+        if "file" in record:
+            run["file"] = f"{record['file']} run {i + 1}"
+        out.append(run)
+    return out
 
 
 def _syncs_results(record: dict) -> list[dict]:
@@ -558,14 +597,15 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     Only records of the same pair, the same prompt set and the same decoding settings (prompts, new tokens)
     are compared; the first record sets them, and a record that differs is left out and named under
     ``"left_out"``. Returns ``{"runs": [{"file", "date", figure, figure_ci95}, ...], "low", "high",
-    "median", "n"}``; a ValueError when no record has the row."""
+    "median", "n"}``; a ValueError when no record has the row. A record of several runs counts each run
+    (:func:`split_runs`)."""
     def key(record):
         config = record["config"]
         return record.get("pair_sha256"), record.get("prompts_sha256"), config.get("prompts"), \
             config.get("max_new_tokens"), config.get("dtype")
 
     runs, left_out, reference = [], [], None
-    for record in records:
+    for record in (run for record in records for run in split_runs(record)):
         found = rows_where(record, **fields) if isinstance(record.get("results"), list) else []
         if len(found) != 1 or figure not in found[0]:
             continue

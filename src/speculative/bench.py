@@ -435,6 +435,24 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
     return record
 
 
+def bench_decode_runs(pair, settings: Optional[DecodeSettings] = None, *, runs: int, progress: bool = True,
+                      **overrides) -> dict:
+    """Return a record of ``runs`` independent runs of :func:`bench_decode` with the same settings, one after
+    another: each is calibrated, warmed up and timed afresh, and kept whole (its environment, calibrations
+    and observations) in the record's top-level ``runs`` list. The summary (:func:`analysis.analyse`) gives
+    per configuration each run's row and the range of the runs' speedups: the drift between runs that the
+    interval within one run does not cover."""
+    _positive_int("runs", runs)
+    each = [bench_decode(pair, settings, progress=progress, **overrides) for _ in range(runs)]
+    own = ("environment", "calibrations", "forward_costs", "observations")
+    record = {k: v for k, v in each[0].items() if k not in (*own, "results")}
+    record["what"] = f"{runs} independent runs, one after another, each of: {record['what']}"
+    record["config"] = {**record["config"], "runs": runs}
+    record["runs"] = [{k: run[k] for k in own} for run in each]
+    record["results"] = analyse(record)
+    return record
+
+
 class _DecodeRunner:
     """Runs one decoder of a decode benchmark at one (batch, temperature) and turns its result into an
     observation."""

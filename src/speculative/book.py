@@ -158,5 +158,8 @@ def load_record(name: str) -> dict:
 
 
 def load_records() -> list[dict]:
-    """Return every recorded run in ``results/``, sorted by file name."""
-    return [load_record(path.name) for path in sorted(results_dir().glob("*.json"))]
+    """Return every recorded run in ``results/``, sorted by file name; a record of several runs comes as
+    one record per run (:func:`speculative.analysis.split_runs`), each with its own environment."""
+    from .analysis import split_runs
+
+    return [run for path in sorted(results_dir().glob("*.json")) for run in split_runs(load_record(path.name))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["describe_machine", "format_sampler_table", "format_decode_table", "format_peer_table",
+__all__ = ["describe_machine", "format_sampler_table", "format_decode_table", "format_peer_table", "format_runs_table",
            "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
 
 
@@ -86,6 +86,28 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                "effic."]
     if several:
         headers.insert(3, "rule")
+    return _table(headers, rows, notes, markdown)
+
+
+def format_runs_table(record: dict, markdown: bool = False) -> str:
+    """Return a record of several runs as a table: one line per configuration, each run's speedup with its
+    95% interval within the run, and the range over the runs; then what each run was measured on."""
+    times, dash = ("×", "–") if markdown else ("x", "-")
+    rows = []
+    for row in record["results"]:
+        cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), row.get("rule", "token")]
+        for run in row["runs"]:
+            low, high = run["speedup_ci95"]
+            cells.append(f"{run['speedup']:.2f}{times} ({low:.2f}{dash}{high:.2f})")
+        low, high = row["speedup_range"]
+        rows.append(cells + [f"{low:.2f}{dash}{high:.2f}{times}"])
+    headers = ["batch", "T", "gamma", "rule", *(f"run {i + 1} (95% interval)" for i in range(len(record["runs"]))),
+               "range over runs"]
+    config = record["config"]
+    notes = [f"run {i + 1}: {run['environment']['date_utc']}, {describe_machine(run['environment'])}"
+             for i, run in enumerate(record["runs"])]
+    notes += [f"pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, {config['repeats']} repeats, "
+              f"{config['max_new_tokens']} new tokens each, per run; speedup as in the decode table"]
     return _table(headers, rows, notes, markdown)
 
 
