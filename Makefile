@@ -23,7 +23,8 @@ help:
 	@echo "make book   install, then build the HTML site (every chapter executed, warnings = errors) when any"
 	@echo "            chapter, book page, config, library file or record changed since the last build"
 	@echo "make test   make book, then ruff and pytest (library, chapter pairs, the built site) on two workers"
-	@echo "make sync   write each chapter's Colab edition, notebooks/*.ipynb, from notebooks/*.md"
+	@echo "make sync   make book, then write each chapter's Colab edition, notebooks/*.ipynb, from notebooks/*.md"
+	@echo "            and the values that build computed"
 	@echo "make clean  remove the build (the next make book builds from scratch)"
 
 # one line, and exit 1, when a Python is older than the pins allow
@@ -73,8 +74,9 @@ lint: $(INSTALLED)
 test: book lint
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
-sync: $(INSTALLED)
-	$(PY) -m speculative.colab notebooks/[0-9]*.md
+# the editions show the values of the last build, so they are written from one
+sync: $(BUILT)
+	$(PY) -m speculative.colab --values _build/jupyter_execute/notebooks notebooks/[0-9]*.md
 
 clean:
 	rm -rf _build

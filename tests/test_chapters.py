@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from speculative import colab
-from speculative.colab import MYST_LEFT, colab_notebook
+from speculative.colab import MYST_LEFT, colab_notebook, glued_names
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
@@ -42,7 +42,11 @@ def test_chapters_are_numbered_without_gaps_and_listed_in_that_order():
 def test_colab_edition_is_in_sync_and_free_of_myst(md):
     ipynb = md.with_suffix(".ipynb")
     assert ipynb.exists(), f"{ipynb.name} is missing: run `make sync`"
-    expected, committed = colab_notebook(md), nbformat.read(ipynb, as_version=4)
+    committed = nbformat.read(ipynb, as_version=4)
+    as_built = committed.metadata.get("speculative", {}).get("as_built", {})
+    missing = sorted(glued_names(md) - set(as_built))
+    assert not missing, f"{ipynb.name} shows {missing} as names, not values: run `make sync`"
+    expected = colab_notebook(md, as_built)
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in expected.cells], \
         f"{ipynb.name} is out of date: run `make sync`"
     assert [c.source for c in committed.cells if c.cell_type == "code"] == [
@@ -60,7 +64,12 @@ def test_the_converter_rewrites_every_role():
             "{cite:t}`leviathan2023fast`, {eq}`eq-cost`, {numref}`fig-x`\n$$ (eq-cost)")
     out = colab._markdown(text, colab._bibliography(), "https://example.org/repo")
     assert not colab.MYST_LEFT.search(out)
-    assert "`alpha`" in out and "[02_derivation](02_derivation.ipynb)" in out
+    assert "`alpha`" in out and "[02_derivation](02_derivation.ipynb)" in out  # no value known: the name
+    shown = colab._markdown(text, colab._bibliography(), "https://example.org/repo", {"alpha": "0.71234"})
+    assert shown.startswith("p = **0.712**<sup>alpha</sup>, see")
+    assert [colab._as_built(text, spec) for text, spec in (("0.5", ".0%"), ("'cpu'", ""), ("(1/2, 3/10)", ""),
+                                                             ("12345", ","), ("3", ""))] == \
+        ["50%", "cpu", "(1/2, 3/10)", "12,345", "3"]
     assert "[notation page](https://example.org/repo/blob/main/book/notation.md)" in out
     assert "Leviathan et al. (2023)" in out and out.endswith("\n$$")
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from speculative.colab import build_site
+from speculative.colab import build_site, glued_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +74,9 @@ def test_the_results_page_runs_alone_from_the_wheel(wheel_site, tmp_path, monkey
         # oversubscribe the 2 cores, and torch's spinning threads made the editions 3-5x slower
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
     notebook = nbformat.read(ROOT / "notebooks" / "00_results.ipynb", as_version=4)
+    prose = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    for name in glued_names(ROOT / "notebooks" / "00_results.md"):  # the reader sees values, not names
+        assert f"<sup>{name}</sup>" in prose and f"`{name}`" not in prose, name
     # first, prove the kernel imports the wheel, not the repository
     notebook.cells.insert(0, nbformat.v4.new_code_cell(
         "import speculative\n"

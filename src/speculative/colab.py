@@ -2,12 +2,14 @@
 
 Explained in: book/intro (run it in Colab). Colab shows a notebook's Markdown as plain Markdown, so the
 MyST roles of the book (``{glue:text}``, ``{doc}``, ``{cite:t}``, ``{eq}``, ``{numref}``) and equation
-labels would appear raw. :func:`colab_notebook` rewrites them: a glued number becomes the name of the
-value in code font (the cell that computes it prints ``name = value`` there, see :func:`book.glue`), a
-chapter reference a link to its notebook, a citation its authors and year, linked where the
-bibliography has an address, and an equation label is dropped. Code cells are kept exactly.
-``make sync`` writes every edition (``python -m speculative.colab notebooks/NN_*.md``); a test
-regenerates them and compares.
+labels would appear raw. :func:`colab_notebook` rewrites them: a glued number becomes its value as the
+book's own build computed it, in bold and marked with its name (the cell that computes it prints this
+run's ``name = value``, see :func:`book.glue`); a chapter reference becomes a link to its notebook, a
+citation its authors and year, linked where the bibliography has an address, and an equation label is
+dropped. Code cells are kept exactly. ``make sync`` builds the book and writes every edition from it
+(``python -m speculative.colab --values _build/jupyter_execute/notebooks notebooks/NN_*.md``); the values
+used are kept in the edition's metadata, so a test regenerates each edition from its chapter and
+compares.
 """
 
 from __future__ import annotations
@@ -16,14 +18,27 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["colab_notebook", "install_cell", "MYST_LEFT", "publish_repository", "write_editions", "build_site"]
+__all__ = ["colab_notebook", "glued_names", "built_values", "install_cell", "MYST_LEFT", "publish_repository", "write_editions", "build_site"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What must not survive in a Colab edition's Markdown: a MyST role or directive.
 MYST_LEFT = re.compile(r"\{[a-z]+(:[a-z]+)?\}`|^(```|:::)\{", re.MULTILINE)
-_NOTE = ("*This is the Colab edition of a chapter of* Speculative Sampling, Exactly. *Numbers that the book's "
-         "text shows are printed here by the cells that compute them, as `name = value`; the text names them "
-         "in code font.*")
+_NOTE = ("*This is the Colab edition of a chapter of* Speculative Sampling, Exactly. *A number in bold in the "
+         "text is the value the book's own build computed, marked with its name; the cell that computes it "
+         "prints your run's value as `name = value`. Exact results agree; a live timing will differ.*")
+
+
+def _as_built(text: str, spec: str) -> str:
+    """A glued value's plain text (as MyST-NB stored it) shown as ``{glue:text}`` shows it, with ``spec``."""
+    import ast
+
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # a Shown text such as (1/2, 3/10): shown as it is
+        return text
+    if isinstance(value, str):
+        return value
+    return format(value, spec) if spec else str(value)
 
 
 def _bibliography() -> dict[str, str]:
@@ -45,7 +60,13 @@ def _bibliography() -> dict[str, str]:
     return out
 
 
-def _markdown(text: str, references: dict[str, str], repository: str) -> str:
+def _markdown(text: str, references: dict[str, str], repository: str, as_built: dict = None) -> str:
+    def glued(match):
+        name, spec = match.group(1), (match.group(2) or ":")[1:]
+        if name not in (as_built or {}):
+            return f"`{name}`"
+        return f"**{_as_built(as_built[name], spec)}**<sup>{name}</sup>"
+
     def doc(match):
         label, target = match.group(2), match.group(3)
         name = target.split("/")[-1]
@@ -55,7 +76,7 @@ def _markdown(text: str, references: dict[str, str], repository: str) -> str:
     def cite(match):
         return "; ".join(references.get(key.strip(), key.strip()) for key in match.group(2).split(","))
 
-    text = re.sub(r"\{glue:text\}`([^`:]+)(:[^`]*)?`", r"`\1`", text)
+    text = re.sub(r"\{glue:text\}`([^`:]+)(:[^`]*)?`", glued, text)
     text = re.sub(r"\{doc\}`(([^`<]*?) <)?([^`<>]+)>?`", doc, text)
     text = re.sub(r"\{cite:(t|p)\}`([^`]+)`", cite, text)
     text = re.sub(r"\{eq\}`([^`]+)`", r"equation `\1`", text)
@@ -63,8 +84,12 @@ def _markdown(text: str, references: dict[str, str], repository: str) -> str:
     return re.sub(r"^\$\$ \([\w-]+\)$", "$$", text, flags=re.MULTILINE)
 
 
-def colab_notebook(md_path: Path):
-    """Return the Colab edition (an nbformat notebook, no outputs) of the MyST chapter at ``md_path``."""
+def colab_notebook(md_path: Path, as_built: dict = None):
+    """Return the Colab edition (an nbformat notebook, no outputs) of the MyST chapter at ``md_path``.
+
+    ``as_built`` maps each glued name to the plain text the book's build stored for it (MyST-NB's
+    ``NN.glue.json``); a name it lacks is shown in code font instead. It is kept in the notebook's
+    metadata, under ``speculative.as_built``."""
     import jupytext
     import nbformat
     import yaml
@@ -74,10 +99,30 @@ def colab_notebook(md_path: Path):
     references = _bibliography()
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
-            cell.source = _markdown(cell.source, references, repository)
+            cell.source = _markdown(cell.source, references, repository, as_built)
     notebook.cells.insert(1, nbformat.v4.new_markdown_cell(_NOTE))
     notebook.metadata.pop("jupytext", None)
+    notebook.metadata["speculative"] = {"as_built": dict(sorted((as_built or {}).items()))}
     return notebook
+
+
+def glued_names(md_path: Path) -> set[str]:
+    """Return the names the prose of the chapter at ``md_path`` glues."""
+    return set(re.findall(r"\{glue:text\}`([^`:]+)", Path(md_path).read_text()))
+
+
+def built_values(md_path: Path, values_dir) -> dict:
+    """Return {name: plain text} of the glued names of the chapter at ``md_path`` as the build in
+    ``values_dir`` (``_build/jupyter_execute/notebooks``) stored them; a ValueError names any missing."""
+    import json
+
+    path = Path(values_dir) / f"{Path(md_path).stem}.glue.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    values = {name: stored[name]["data"]["text/plain"] for name in glued_names(md_path) if name in stored}
+    missing = sorted(glued_names(md_path) - set(values))
+    if missing:
+        raise ValueError(f"{path} lacks the glued values {', '.join(missing)}: run make book first")
+    return values
 
 
 #: The hidden first cell of every chapter, opened by this line.
@@ -133,12 +178,13 @@ def publish_repository(paths) -> list[Path]:
     return changed
 
 
-def write_editions(paths) -> None:
-    """Write each chapter's Colab edition beside it (``NN_name.ipynb``)."""
+def write_editions(paths, values_dir=None) -> None:
+    """Write each chapter's Colab edition beside it (``NN_name.ipynb``), its glued values read from the
+    build in ``values_dir`` (None: none, the names shown instead)."""
     import nbformat
 
     for path in map(Path, paths):
-        notebook = colab_notebook(path)
+        notebook = colab_notebook(path, built_values(path, values_dir) if values_dir else None)
         for index, cell in enumerate(notebook.cells):  # fixed ids, so that a rewrite changes nothing
             cell.id = f"cell-{index}"
         nbformat.write(notebook, path.with_suffix(".ipynb"), version=4)
@@ -178,6 +224,9 @@ def build_site(destination) -> Path:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--site"]:  # python -m speculative.colab --site FOLDER (the Makefile's book build)
         build_site(sys.argv[2])
+    elif sys.argv[1:2] == ["--values"]:  # python -m speculative.colab --values FOLDER CHAPTER.md ... (make sync)
+        publish_repository(sys.argv[3:])
+        write_editions(sys.argv[3:], sys.argv[2])
     else:
         publish_repository(sys.argv[1:])
         write_editions(sys.argv[1:])
