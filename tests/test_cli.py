@@ -39,6 +39,7 @@ def test_bench_sampler_records_what_it_ran_on(tmp_path, capsys):
         (["bench", "sampler", "--device", "tpu"], "unknown device"),
         (["bench", "decode", "--rule", "tree"], "unknown rule tree"),
         (["bench", "decode", "--rule", "block,block"], "rule listed twice"),
+        (["bench", "decode", "--runs", "0"], "integer >= 1"),
         (["audit", "speculative.sampler:block_verify_sample", "--rule", "tree"], "invalid choice"),
         (["bench", "nothing"], "invalid choice"),
     ],
@@ -48,6 +49,18 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_decode_runs_keeps_each_run_and_prints_their_range(tiny_pair_dir, tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2", "--temperature", "1",
+                 "--batch", "1", "--prompts", "2", "--max-new-tokens", "4", "--repeats", "1", "--runs", "2",
+                 "--no-progress", "--calibration-repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["config"]["runs"] == 2 and [len(run["observations"]) for run in record["runs"]] == [4, 4]
+    (row,) = record["results"]
+    low, high = row["speedup_range"]
+    assert f"{low:.2f}-{high:.2f}x" in capsys.readouterr().out  # the table's last column
 
 
 def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, capsys):
