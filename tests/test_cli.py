@@ -23,7 +23,7 @@ def test_bench_sampler_records_what_it_ran_on(tmp_path, capsys):
     record = json.loads(path.read_text())
     assert record["environment"]["device"] == "cpu"
     assert {"torch", "threads", "cpu", "python", "date_utc"} <= set(record["environment"])
-    probe = record["environment"]["host_probe"]  # the machine's state as the run began
+    probe = record["environment"]["host_probe"]  # the machine's state as the run ended
     assert probe["softmax_ms"] > 0 and probe["first_touch_gib_per_s"] > 0
     assert [(r["batch"], r["vocab"]) for r in record["results"]] == [(2, 16), (2, 32)]
     for row in record["results"]:
