@@ -605,7 +605,7 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
             config.get("max_new_tokens"), config.get("dtype")
 
     runs, left_out, reference = [], [], None
-    for record in (run for record in records for run in split_runs(record)):
+    for record in (run for each in records for run in split_runs(each)):
         found = rows_where(record, **fields) if isinstance(record.get("results"), list) else []
         if len(found) != 1 or figure not in found[0]:
             continue

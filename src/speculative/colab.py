@@ -18,7 +18,8 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["colab_notebook", "glued_names", "built_values", "install_cell", "MYST_LEFT", "publish_repository", "write_editions", "build_site"]
+__all__ = ["colab_notebook", "glued_names", "built_values", "install_cell", "MYST_LEFT", "publish_repository",
+           "write_editions", "build_site"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What must not survive in a Colab edition's Markdown: a MyST role or directive.

@@ -15,8 +15,8 @@ else:
 ``environment``
     :func:`speculative.timing.environment`: device, accelerator, torch, threads, CPU, Python, date, and
     ``host_probe`` (:func:`speculative.timing.host_probe`: a softmax's milliseconds and the first-touch
-    memory rate, taken as the run ends, when the record is written, so that a slow machine can be told from slow code); the peer
-    race adds transformers' version. The analysis reads none of it.
+    memory rate, taken as the run ends, when the record is written, so that a slow machine can be told
+    from slow code); the peer race adds transformers' version. The analysis reads none of it.
 ``pair_sha256``, ``pair``, ``prompts_sha256``
     (decode, peer) the model pair's checksum, its validation figures, and the prompts' checksum.
 ``config``
