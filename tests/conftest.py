@@ -21,8 +21,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #: first. ``make test`` hands whole files to its two workers in collection order (``--dist loadfile
 #: --no-loadscope-reorder``); starting the long ones first keeps one worker from finishing minutes before
 #: the other. The order changes how long the run takes, never what it tests.
-HEAVY_FIRST = ("test_engine_law.py", "test_hf.py", "test_policy.py", "test_audit.py", "test_decode.py",
-               "test_cli.py")
+HEAVY_FIRST = ("test_engine_law.py", "test_engine_law_chains.py", "test_hf.py", "test_policy.py", "test_audit.py",
+               "test_decode.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,14 +1,15 @@
 """The whole engine's law, past the first block: exact sequence laws against real decoding.
 
-The two-byte tests in test_decode.py see at most the start of a second block. Here the law of the first
-6 or 8 emitted tokens is computed exactly from full forwards of the target (``evaluate.exact_sequence_law``,
-enumerated over the support, which top-k / top-p keep small), and the engine's outputs are tested
-against it. The models are conftest's ``law_pair`` (the shipped draft as the target, a nudged copy of it
-as the draft), about ten times cheaper per row than the shipped pair: the law holds or fails for any
-pair, and the cost of a test is its rows. At gamma = 4, eight tokens always reach a second block, and
-the runs are checked to contain blocks that start after a full acceptance (bonus token, draft two
-tokens behind) and after a rejection in mid-block; at gamma = 1 every row goes through several blocks.
-One batch mixes two prompts of different lengths, so rows finish at different blocks and are dropped.
+The two-byte tests in test_decode.py see at most the start of a second block. Here the law of the first 8
+emitted tokens (6 for the multi-draft engine, in test_engine_law_chains.py) is computed exactly from full
+forwards of the target (``evaluate.exact_sequence_law``, enumerated over the support, which top-k / top-p
+keep small), and the engine's outputs are tested against it. The models are conftest's ``law_pair`` (the
+shipped draft as the target, a nudged copy of it as the draft), about ten times cheaper per row than the
+shipped pair: the law holds or fails for any pair, and the cost of a test is its rows. At gamma = 4,
+eight tokens always reach a second block, and the runs are checked to contain blocks that start after a
+full acceptance (bonus token, draft two tokens behind) and after a rejection in mid-block; at gamma = 1
+every row goes through several blocks. One batch mixes two prompts of different lengths, so rows finish
+at different blocks and are dropped.
 
 Each test is Pearson's chi-square after pooling (``stats.goodness_of_fit``) and rejects at
 p < 1e-6 (``stats.FALSE_ALARM_RATE``): a correct engine fails it with probability 1e-6 per test, and the
@@ -160,29 +161,6 @@ def test_block_verification_in_the_engine_follows_the_exact_law(law_pair):
     assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.11
     after_full, mid_reject = _paths(logs, gamma)
     assert after_full > 100 and mid_reject > 100
-
-
-@pytest.mark.parametrize("scheme", ["with_replacement", "without_replacement"])
-def test_multi_draft_decoding_follows_the_exact_law(law_pair, scheme):
-    # chapter 10: two chains per block as two rows, root verified by the scheme, chosen chain token-wise.
-    # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
-    from speculative.decode import multi_draft_decode
-
-    prompt, length, rows, gamma = law_pair.prompts[1], 6, 1_500, 2
-    law = _law(law_pair, prompt, TOP2, length)
-    generator = torch.Generator().manual_seed(71)
-    counts, roots_rejected, chains_used = Counter(), 0, 0
-    for _ in range(rows):
-        out = multi_draft_decode(law_pair.target, law_pair.draft, prompt, length, gamma, 2, TOP2, generator,
-                                 scheme=scheme)
-        counts[tuple(out.tokens[0])] += 1
-        blocks = [int(a) for a in out.accepted]
-        roots_rejected += blocks.count(0)
-        chains_used += sum(a == gamma for a in blocks)
-    result, probs = _fit(counts, law)
-    assert not result.rejects(), result
-    assert stats.detectable_tv(rows, stats.pooled(probs, rows)) < 0.15
-    assert roots_rejected > 50 and chains_used > 50  # both paths of the root were exercised
 
 
 @pytest.mark.parametrize("name, rule, per_row, seed", [
