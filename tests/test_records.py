@@ -1,5 +1,5 @@
 """Records: every summary is recomputed from the raw observations it keeps, and records are written and read
-safely. The committed records are checked here too (the ones of the current schema are re-analysed)."""
+safely. The committed records are checked here too: each is re-analysed and gives back its summary."""
 
 import json
 import math
@@ -9,10 +9,6 @@ import pytest
 from conftest import save_tiny_pair
 from speculative import analysis, records
 from speculative.book import results_dir
-
-#: committed records still of schema 1 (summaries only, written before observations were kept); each
-#: must be re-recorded with the command in the README, and then leaves this list
-SCHEMA_1_RECORDS = {"peer_hf_cpu.json"}
 
 
 def normalised(value):
@@ -109,16 +105,13 @@ def test_the_summary_follows_the_observations(fresh_records):
     assert after["speedup"] > before["speedup"] and after["plain_seconds"] == pytest.approx(before["plain_seconds"] + 1)
 
 
-def test_every_committed_record_is_reanalysed_or_listed_for_re_recording():
-    committed = {path.name: json.loads(path.read_text()) for path in sorted(results_dir().glob("*.json"))}
-    assert committed, "no committed records found"
-    for name, record in committed.items():
-        if records.schema_of(record) == 1:
-            assert name in SCHEMA_1_RECORDS, f"{name} is a schema-1 record not listed for re-recording"
-            continue
-        assert name not in SCHEMA_1_RECORDS, f"{name} has been re-recorded: take it off SCHEMA_1_RECORDS"
-        assert normalised(analysis.analyse(record)) == normalised(record["results"]), name
-    assert SCHEMA_1_RECORDS <= set(committed), "a listed record is no longer committed"
+def test_every_committed_record_is_of_this_schema_and_its_summary_is_reanalysed():
+    paths = sorted(results_dir().glob("*.json"))
+    assert {path.name for path in paths} >= {"decode_cpu.json", "headline_cpu.json", "peer_hf_cpu.json",
+                                             "sampler_cpu.json"}, [path.name for path in paths]
+    for path in paths:
+        record = records.read_record(path)  # refuses a record of any other schema, in one line
+        assert normalised(analysis.analyse(record)) == normalised(record["results"]), path.name
 
 
 def test_an_old_record_is_refused_with_one_line_saying_how_to_re_record(tmp_path):

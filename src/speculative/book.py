@@ -8,7 +8,6 @@ Chapters import these instead of keeping copies.
 
 from __future__ import annotations
 
-import json
 import os
 from fractions import Fraction
 from numbers import Rational
@@ -152,9 +151,12 @@ def results_dir() -> Path:
 
 
 def load_record(name: str) -> dict:
-    """Return the recorded run ``results/<name>`` (JSON) with its file name under ``"file"``."""
+    """Return the recorded run ``results/<name>`` with its file name under ``"file"``; a ValueError (from
+    :func:`speculative.records.read_record`) names a file that is not a record of this library's schema."""
+    from .records import read_record
+
     path = results_dir() / name
-    return json.loads(path.read_text()) | {"file": path.name}
+    return read_record(path) | {"file": path.name}
 
 
 def load_records() -> list[dict]:

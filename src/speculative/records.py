@@ -54,9 +54,9 @@ else:
     the summary: :func:`speculative.analysis.analyse` of everything above. Nothing else writes it, and
     ``tests/test_records.py`` re-analyses every committed record of this schema and gets it back.
 
-Records of schema 1 (the ones committed before observations were kept) hold ``results`` only; chapters
-still read them through :func:`speculative.book.load_record`, but :func:`read_record` refuses them, since
-nothing in them can be re-analysed: re-record with the command in their ``config``.
+Records of schema 1 (written before observations were kept) hold ``results`` only. Nothing in them can be
+re-analysed, so :func:`read_record` (and :func:`speculative.book.load_record`, which the chapters use)
+refuses them with one line: re-record with the command in their ``config``. None is committed.
 """
 
 from __future__ import annotations
