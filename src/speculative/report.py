@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["describe_machine", "format_sampler_table", "format_decode_table", "format_peer_table", "format_runs_table",
-           "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
+__all__ = ["describe_machine", "ratio_bound", "format_sampler_table", "format_decode_table", "format_peer_table",
+           "format_runs_table", "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
 
 
 def describe_machine(environment: dict) -> str:
@@ -26,6 +26,16 @@ def describe_machine(environment: dict) -> str:
 
 SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions verified per second (batch x k per "
                   "call, median of interleaved runs); ratio: batched / reference")
+
+
+def ratio_bound(value: float, digits: int = 2) -> str:
+    """Return one end of a ratio's interval with ``digits`` decimals, or more where that would print a bound
+    that is not 1 as 1 (0.9969 is "0.997", not "1.00"), so that a table shows which side of 1 it lies on."""
+    text = f"{value:.{digits}f}"
+    while value == value and value != 1 and float(text) == 1 and digits < 6:
+        digits += 1
+        text = f"{value:.{digits}f}"
+    return text
 
 
 def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
@@ -69,7 +79,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
             continue
         low, high = row["speedup_ci95"]
         times, dash = ("×", "–") if markdown else ("x", "-")
-        interval = f"{low:.2f}{dash}{high:.2f}" if low == low else "(one group)"
+        interval = f"{ratio_bound(low)}{dash}{ratio_bound(high)}" if low == low else "(one group)"
         rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
                      f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
@@ -98,7 +108,7 @@ def format_runs_table(record: dict, markdown: bool = False) -> str:
         cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), row.get("rule", "token")]
         for run in row["runs"]:
             low, high = run["speedup_ci95"]
-            cells.append(f"{run['speedup']:.2f}{times} ({low:.2f}{dash}{high:.2f})")
+            cells.append(f"{run['speedup']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)})")
         low, high = row["speedup_range"]
         rows.append(cells + [f"{low:.2f}{dash}{high:.2f}{times}"])
     headers = ["batch", "T", "gamma", "rule", *(f"run {i + 1} (95% interval)" for i in range(len(record["runs"]))),
@@ -128,6 +138,10 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
         low, high = row[f"{key}_ci95"]
         return f"{row[key]:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
+    def ratio(row, key):  # a ratio's bounds show which side of 1 they lie on
+        low, high = row[f"{key}_ci95"]
+        return f"{row[key]:.2f} [{ratio_bound(low)}-{ratio_bound(high)}]"
+
     several = len({r.get("policy", "fixed") for r in record["results"]}) > 1 and policy is None
     headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
                "acc/draft ours", "acc/draft HF", "tok/call ours", "tok/call HF"]
@@ -138,7 +152,7 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
         rows.append([f"{r['temperature']:g}",
                      r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
                      interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
-                     interval(r, "ours_over_hf_assisted", 2), interval(r, "hf_plain_tokens_per_s"),
+                     ratio(r, "ours_over_hf_assisted"), interval(r, "hf_plain_tokens_per_s"),
                      interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
                      interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)])
         if several:

@@ -1,0 +1,35 @@
+"""The report module's tables: an interval's bounds show which side of 1 they lie on."""
+
+import math
+import re
+
+import pytest
+
+from speculative.book import load_record
+from speculative.report import format_decode_table, format_peer_table, ratio_bound
+
+
+@pytest.mark.parametrize("value, text", [(0.9969, "0.997"), (1.0031, "1.003"), (0.99996, "0.99996"),
+                                         (1.0, "1.00"), (0.94, "0.94"), (1.2345, "1.23")])
+def test_a_bound_next_to_1_gets_the_digits_that_show_its_side(value, text):
+    assert ratio_bound(value) == text
+
+
+def test_a_nan_bound_prints_as_nan():
+    assert ratio_bound(math.nan) == "nan"
+
+
+def test_every_printed_interval_of_the_committed_records_is_on_the_side_of_1_it_lies_on():
+    # the peer table's ours/HF column and the decode table's speedup interval, row by row
+    peer = load_record("peer_hf_cpu.json")
+    # in each line of the peer table the first interval of a ratio is ours/HF's (the speeds are whole numbers)
+    lines = [re.search(r"\d\.\d\d \[(\d\.\d+)-(\d\.\d+)\]", line) for line in format_peer_table(peer).splitlines()]
+    printed = [found.groups() for found in lines if found]
+    bounds = [row["ours_over_hf_assisted_ci95"] for row in peer["results"]]
+    decode = load_record("decode_cpu.json")
+    printed += re.findall(r"x\s+(\d\.\d+)-(\d\.\d+)\s", format_decode_table(decode))
+    bounds += [row["speedup_ci95"] for row in decode["results"]]
+    assert len(printed) == len(bounds)
+    for shown, actual in zip(printed, bounds):
+        for text, value in zip(shown, actual):
+            assert (float(text) < 1) == (value < 1) and (float(text) > 1) == (value > 1), (text, value)
