@@ -54,7 +54,7 @@ def _bibliography() -> dict[str, str]:
         author = field.get("author", "").replace("\\#", "#").replace("\\_", "_")
         authors = [a.strip().strip("{}") for a in author.split(" and ") if a.strip()]
         surname = authors[0].split(",")[0] if authors else key.group(1)
-        others = {0: "", 1: "", 2: f" and {authors[-1].split(',')[0]}"}.get(len(authors), " et al.")
+        others = "" if len(authors) < 2 else f" and {authors[1].split(',')[0]}" if len(authors) == 2 else " et al."
         who = surname + others
         label = f"{who} ({field.get('year', 'n.d.')})"
         out[key.group(1)] = f"[{label}]({field['url']})" if "url" in field else label

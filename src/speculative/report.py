@@ -15,10 +15,13 @@ __all__ = ["describe_machine", "ratio_bound", "format_sampler_table", "format_de
 
 
 def describe_machine(environment: dict) -> str:
-    """Return one line saying what a record was measured on: device (accelerator or CPU), torch, threads,
-    and the host probe's softmax time where the record has one (:func:`speculative.timing.host_probe`)."""
+    """Return one line saying what a record was measured on: device (accelerator or CPU, and the host's
+    logical CPUs, ``os.cpu_count()``), torch, threads, and the host probe's softmax time where the record
+    has one (:func:`speculative.timing.host_probe`)."""
     env = environment
-    line = f"{env['device']} ({env.get('accelerator') or env['cpu']}), torch {env['torch']}, {env['threads']} threads"
+    cpus = f", {env['cpu_count']} CPUs" if env.get("cpu_count") else ""
+    line = (f"{env['device']} ({env.get('accelerator') or env['cpu']}{cpus}), torch {env['torch']}, "
+            f"{env['threads']} threads")
     if "host_probe" in env:
         line += f" (host probe: softmax {env['host_probe']['softmax_ms']:.1f} ms)"
     return line
