@@ -120,6 +120,29 @@ def test_tiny_models_decode_greedily_as_their_own_generate(family):
     assert 0 < out.acceptance_rate() < 1
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_rows_that_start_together_run_as_one_batch_with_the_logits_of_full_forwards(family):
+    # a prefill of four rows (one batch), then a call at starts 6, 3, 6, 4: rows 0 and 2 are stacked, rows 1
+    # and 3 are cropped and run alone; every row's logits must be those of a full forward over its history
+    model = tiny(family, 1)
+    wrapped = wrap(model)
+    prompt = torch.randint(0, 8, (4, 6), generator=torch.Generator().manual_seed(3))
+    step = torch.randint(0, 8, (4, 2), generator=torch.Generator().manual_seed(4))
+    starts = torch.tensor([6, 3, 6, 4])
+    calls = []
+    model.register_forward_hook(lambda module, args, output: calls.append(1))
+    cache = wrapped.new_cache(4)
+    wrapped(prompt, 0, cache)
+    logits = wrapped(step, starts, cache)
+    assert len(calls) == 1 + 3  # the prefill, then rows 0 and 2 together and rows 1 and 3 alone
+    with torch.no_grad():
+        for row, begin in enumerate(starts.tolist()):
+            history = torch.cat([prompt[row, :begin], step[row]])[None]
+            full = model(history).logits[0, -2:]
+            assert (logits[row] - full).abs().max().item() < 1e-4, row
+    assert [past.get_seq_length() for past in cache.rows] == [8, 5, 8, 6]
+
+
 def _two_token_test(target, draft, seed: int, rows: int = 3_000):
     prompt = [1, 2, 3, 4, 5]
     law = exact_two_byte_law(target, prompt, SamplingConfig()).flatten().tolist()  # full forwards, no cache

@@ -101,8 +101,10 @@ class HFCache:
     The engine writes a call's keys and values at positions ``start[b] ..`` and attends up to them; a
     transformers cache instead appends. Rolling back is cropping: before each call, row b's cache is cut
     to ``start[b]`` positions (dropping the stale tail of rejected drafts), and the model appends from
-    there, so its default positions are the engine's. Rows run one after another: correct at any batch,
-    but a batch of B costs about B batch-1 calls.
+    there, so its default positions are the engine's. Rows that start a call at the same position run as
+    one batch: their caches are stacked for the call and split again after it (:func:`_stack`), where the
+    installed transformers keeps a cache as plain per-layer key and value tensors (4.56 and later); other
+    rows, and other versions, run one after another.
     """
 
     def __init__(self, rows: list, context: int):
@@ -191,7 +193,7 @@ class HFModel:
             starts = start.tolist()  # a host read per call: transformers' caches keep lengths on the host
         else:
             raise ValueError(f"with a cache, start must be an int or have shape ({batch},)")
-        out = []
+        groups = {}  # start position -> the rows that start there
         for row, (begin, past) in enumerate(zip(starts, cache.rows)):
             held = past.get_seq_length()
             if not 0 <= begin <= held or begin + steps > cache.context:
@@ -199,9 +201,69 @@ class HFModel:
                                  f"{held} positions (room for {cache.context})")
             if begin < held:
                 past.crop(begin - held)  # drop the stale tail: rejected drafts, padding
-            step = self.model(tokens[row:row + 1], use_cache=True, **{self._cache_argument: past})
-            out.append(step.logits[..., :vocab])
-        return torch.cat(out, 0)
+            groups.setdefault(begin, []).append(row)
+        out = [None] * batch
+        for rows in groups.values():
+            pasts = [cache.rows[row] for row in rows]
+            merged = _stack(pasts, self.model.config) if len(rows) > 1 else None
+            if merged is None:  # one row, or a cache that cannot be stacked: row by row
+                for row, past in zip(rows, pasts):
+                    step = self.model(tokens[row:row + 1], use_cache=True, **{self._cache_argument: past})
+                    out[row] = step.logits[0, :, :vocab]
+                continue
+            step = self.model(tokens[rows], use_cache=True, **{self._cache_argument: merged})
+            for i, (row, split) in enumerate(zip(rows, _split(merged, len(rows), self.model.config))):
+                cache.rows[row] = split
+                out[row] = step.logits[i, :, :vocab]
+        return torch.stack(out, 0)
+
+
+def _plain_layers(past) -> Optional[list]:
+    """The per-layer (keys, values) of a transformers cache, or None where it is not plain full attention
+    stored as tensors (an older transformers, a sliding window, an offloaded or quantised cache)."""
+    from transformers import cache_utils
+
+    layers = getattr(past, "layers", None)
+    plain = getattr(cache_utils, "DynamicLayer", None)
+    if type(past) is not cache_utils.DynamicCache or not layers or plain is None:
+        return None
+    if any(type(layer) is not plain for layer in layers):
+        return None
+    return layers
+
+
+def _new_cache(config):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
+
+
+def _stack(pasts: list, config):
+    """One cache holding ``pasts`` (each of one row, all of the same length) as a batch, or None."""
+    layered = [_plain_layers(past) for past in pasts]
+    if any(layers is None or len(layers) != len(layered[0]) for layers in layered):
+        return None
+    if len({past.get_seq_length() for past in pasts}) != 1:
+        return None
+    merged = _new_cache(config)
+    if _plain_layers(merged) is None or len(merged.layers) != len(layered[0]):
+        return None
+    if pasts[0].get_seq_length() == 0:  # empty (a prefill): the call fills the merged cache itself
+        return merged
+    for index, layer in enumerate(merged.layers):
+        keys = torch.cat([layers[index].keys for layers in layered], 0)
+        values = torch.cat([layers[index].values for layers in layered], 0)
+        layer.update(keys, values)
+    return merged
+
+
+def _split(merged, batch: int, config) -> list:
+    """``merged``'s rows as ``batch`` caches of one row each."""
+    caches = [_new_cache(config) for _ in range(batch)]
+    for index, layer in enumerate(merged.layers):
+        for row, past in enumerate(caches):
+            past.layers[index].update(layer.keys[row:row + 1].clone(), layer.values[row:row + 1].clone())
+    return caches
 
 
 def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = "") -> HFModel:
@@ -214,7 +276,8 @@ def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = ""
     share a tokenizer but have 151,936 or 152,064 rows; vLLM pull request 13849): :func:`pair` cuts both
     to the tokenizer, so that both models decode over the same tokens. The tokenizer never produces the
     padding ids; the law decoded is the model's renormalised over real tokens. Batches of any size are
-    correct (each row keeps its own cache and positions; see :class:`HFCache`) but run row by row.
+    correct (each row keeps its own cache and positions; see :class:`HFCache`); rows that start a call at
+    the same position run as one batch.
     """
     if isinstance(model, GPT):
         raise TypeError("wrap takes a transformers model; the library's GPT runs in the engine as it is "
