@@ -24,7 +24,10 @@ def test_multi_draft_decoding_follows_the_exact_law(law_pair, scheme):
     # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
     from speculative.decode import multi_draft_decode
 
-    prompt, length, rows, gamma = law_pair.prompts[1], 6, 1_500, 2
+    # the last 24 bytes of a shipped prompt: each call prefills both models again, and a short prompt makes
+    # that prefill cheaper than a whole 96-byte one. After it the root is still rejected often: in 71 to 82
+    # of 300 calls, by scheme, when probed (the whole prompt: 20 to 35)
+    prompt, length, rows, gamma = law_pair.prompts[1][-24:], 6, 1_500, 2
     law = _law(law_pair, prompt, TOP2, length)
     generator = torch.Generator().manual_seed(71)
     counts, roots_rejected, chains_used = Counter(), 0, 0

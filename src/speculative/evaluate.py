@@ -1,7 +1,6 @@
 """Reference laws and scores computed from full forwards of the target, with no cache and no sampler.
 
-Explained in: notebooks/06_three_equalities (the exact law of the first bytes, task scores) and
-notebooks/08_decoding_demo (a distribution check on the benchmark's model).
+Explained in: notebooks/06_three_equalities (the exact law of the first bytes, task scores).
 
 These are what decoding is checked against, so they share nothing with the decoding loop but the model
 and :func:`transforms.logits_to_probs`.
