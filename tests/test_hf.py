@@ -141,6 +141,18 @@ def test_rows_that_start_together_run_as_one_batch_with_the_logits_of_full_forwa
             full = model(history).logits[0, -2:]
             assert (logits[row] - full).abs().max().item() < 1e-4, row
     assert [past.get_seq_length() for past in cache.rows] == [8, 5, 8, 6]
+    # a third call at starts 8, 4, 7, 4: rows 1 and 3, both cropped to 4, are stacked; rows 0 and 2, whose
+    # caches came out of the last call's split, run alone, row 2 after a crop
+    histories = [torch.cat([prompt[row, :begin], step[row]]) for row, begin in enumerate(starts.tolist())]
+    more = torch.randint(0, 8, (4, 1), generator=torch.Generator().manual_seed(5))
+    again = torch.tensor([8, 4, 7, 4])
+    before = len(calls)  # the reference forwards above were counted too
+    logits = wrapped(more, again, cache)
+    assert len(calls) == before + 3
+    with torch.no_grad():
+        for row, begin in enumerate(again.tolist()):
+            full = model(torch.cat([histories[row][:begin], more[row]])[None]).logits[0, -1:]
+            assert (logits[row] - full).abs().max().item() < 1e-4, row
 
 
 def _two_token_test(target, draft, seed: int, rows: int = 3_000):

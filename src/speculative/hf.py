@@ -243,6 +243,8 @@ def _stack(pasts: list, config):
     layered = [_plain_layers(past) for past in pasts]
     if any(layers is None or len(layers) != len(layered[0]) for layers in layered):
         return None
+    if pasts[0].get_seq_length() and any(layer.keys is None for layers in layered for layer in layers):
+        return None  # a layer that holds nothing beside layers that do
     if len({past.get_seq_length() for past in pasts}) != 1:
         return None
     merged = _new_cache(config)
@@ -261,8 +263,9 @@ def _split(merged, batch: int, config) -> list:
     """``merged``'s rows as ``batch`` caches of one row each."""
     caches = [_new_cache(config) for _ in range(batch)]
     for index, layer in enumerate(merged.layers):
-        for row, past in enumerate(caches):
-            past.layers[index].update(layer.keys[row:row + 1].clone(), layer.values[row:row + 1].clone())
+        for row, past in enumerate(caches):  # update copies (it concatenates onto an empty tensor)
+            past.layers[index].update(layer.keys[row:row + 1], layer.values[row:row + 1])
+        layer.keys = layer.values = None  # the merged layer is no longer needed: free it as we go
     return caches
 
 
