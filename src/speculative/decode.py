@@ -43,7 +43,7 @@ from .model import GPT, KVCache
 from .policy import DraftPolicy, FixedLength
 from .sampler import categorical, rejection_sample, rule_sampler
 from .timing import NO_CLOCK, Clock
-from .transforms import SamplingConfig, logits_problem, logits_to_probs
+from .transforms import SamplingConfig, logits_problem, logits_to_probs, refuse_penalty
 
 __all__ = ["DecodeResult", "DecodingError", "plain_decode", "speculative_decode", "multi_draft_decode",
            "encode_prompts", "check_room",
@@ -186,6 +186,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
     ``clock`` (a :class:`timing.Clock`) records the prefill, the end and, if it times forwards, the
     seconds inside the model's calls; without one nothing is timed.
     """
+    refuse_penalty(config)
     rows = encode_prompts(prompts, model.config.vocab_size)
     check_room(model, rows, max_new_tokens, lookahead=0)
     device = model.device
@@ -256,6 +257,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     policy = _as_policy(gamma)
     sampler = _verifier(sampler, rule, per_row)
     _check_pair(target, draft)
+    refuse_penalty(config)
     rows = encode_prompts(prompts, target.config.vocab_size)
     for model in (target, draft):
         check_room(model, rows, max_new_tokens, lookahead=policy.max_gamma + 2)
@@ -469,6 +471,7 @@ def multi_draft_decode(target: GPT, draft: GPT, prompt: Prompt, max_new_tokens: 
     if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
         raise ValueError("multi_draft_decode takes one prompt (its chains are the batch), not a list of prompts")
     _check_pair(target, draft)
+    refuse_penalty(config)
     row = encode_prompts([prompt], target.config.vocab_size)[0]
     check_room(target, [row], max_new_tokens, lookahead=gamma + 2)
     check_room(draft, [row], max_new_tokens, lookahead=gamma + 2)

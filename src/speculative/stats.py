@@ -25,6 +25,7 @@ __all__ = [
     "goodness_of_fit",
     "detectable_difference",
     "power",
+    "power_from_sample",
     "tv_estimate",
     "samples_needed",
     "detectable_tv",
@@ -294,3 +295,32 @@ def measured_acceptance_rate(accepted: Sequence, gamma) -> float:
     counts, gamma = counts[keep], gamma[keep]
     tested = counts + (counts < gamma)
     return float(counts.sum()) / float(tested.sum()) if tested.sum() else float("nan")
+
+
+def power_from_sample(n: int, null_probs: Sequence, alternative_counts: Sequence[int],
+                      false_alarm: float = FALSE_ALARM_RATE) -> float:
+    """Return :func:`power` at ``n`` samples for an alternative known only from a sample of it
+    (``alternative_counts``, on the null's cells; the last cells may be ones the null rules out).
+
+    The plug-in noncentrality n * sum (a_hat - p)^2 / p is biased upward by sampling noise, by about
+    n * sum a (1 - a) / (p m) for a sample of m; each term here subtracts its unbiased estimate,
+    a_hat (1 - a_hat) / (m - 1), so the noncentrality is unbiased (floored at 0). Cells are pooled as
+    the test pools them at ``n``."""
+    null = np.array([float(v) for v in null_probs], dtype=np.float64)
+    counts = np.asarray(alternative_counts, dtype=np.float64)
+    if counts.shape != null.shape:
+        raise ValueError(f"alternative_counts has {counts.size} cells, the null {null.size}")
+    m = counts.sum()
+    if m < 2:
+        raise ValueError("the alternative's sample needs at least two observations")
+    support = null > 0
+    impossible = float(counts[~support].sum() / m)
+    expected, shifted = _pool(null[support] * n, counts[support] * (n / m))
+    cells = expected.size
+    chi_power = 0.0
+    if cells >= 2:
+        share_null, share_alt = expected / n, shifted / n
+        noise = share_alt * (1 - share_alt) / (m - 1)
+        noncentrality = max(0.0, float(n * (((share_alt - share_null) ** 2 - noise) / share_null).sum()))
+        chi_power = float(sps.ncx2.sf(sps.chi2.isf(false_alarm, cells - 1), cells - 1, noncentrality))
+    return 1 - (1 - chi_power) * (1 - impossible) ** n

@@ -31,7 +31,8 @@ import torch
 
 from .rule import validate_distribution
 
-__all__ = ["SamplingConfig", "logits_to_probs", "logits_problem", "exact_transform"]
+__all__ = ["SamplingConfig", "PenalizedConfig", "penalized_logits", "refuse_penalty", "logits_to_probs",
+           "logits_problem", "exact_transform"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,44 @@ class SamplingConfig:
         if self.top_p is not None and self.top_p < 1:
             parts.append(f"top-p={self.top_p:g}")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class PenalizedConfig(SamplingConfig):
+    """A :class:`SamplingConfig` with a repetition penalty, as transformers applies it
+    (``RepetitionPenaltyLogitsProcessor``, after Keskar et al.): before the temperature, every token already
+    in the context (prompt included) has its logit divided by the penalty when positive and multiplied by
+    it when negative. It depends on the context, so :func:`logits_to_probs` alone cannot apply it: apply
+    :func:`penalized_logits` first. The library's decoding loops refuse it (:func:`refuse_penalty`); the
+    engine audit (:mod:`engines`) uses it for engines that claim to apply one."""
+
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {r!r}")
+
+    def describe(self) -> str:
+        text = super().describe()
+        return text + (f", repetition penalty {self.repetition_penalty:g}" if self.repetition_penalty != 1 else "")
+
+
+def penalized_logits(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Return ``logits`` (B, V) with transformers' repetition penalty applied where ``seen`` (B, V, bool)
+    marks a token already in the row's context."""
+    if penalty == 1:
+        return logits
+    x = logits.float()
+    return torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+
+
+def refuse_penalty(config: SamplingConfig) -> None:
+    """Raise ``ValueError`` for a config with a repetition penalty: a loop that cannot apply it must not
+    silently ignore it (the bug of TensorRT-LLM #17701)."""
+    if getattr(config, "repetition_penalty", 1) != 1:
+        raise ValueError("this decoding loop does not apply a repetition penalty; use a config without one")
 
 
 def logits_problem(logits: torch.Tensor) -> torch.Tensor:
