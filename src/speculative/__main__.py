@@ -1,4 +1,4 @@
-"""Command line: ``python -m speculative verify | audit | bench sampler|decode|peer | gpu-report | train``.
+"""Command line: ``python -m speculative verify | audit | audit-engine | bench ... | gpu-report | train``.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 
@@ -107,10 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{verify,audit,bench,gpu-report,train}",
-                                     parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                     metavar="{verify,audit,audit-engine,bench,gpu-report,train}")
 
     _add_verify_and_audit(commands, formatter)
+    _add_audit_engine(commands, formatter)
     _add_bench(commands, formatter)
     _add_gpu_report(commands, formatter)
     _add_train(commands, formatter)
@@ -145,6 +146,148 @@ def _add_verify_and_audit(commands, formatter) -> None:
     audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     audit.set_defaults(run=_run_audit)
 
+
+
+def _add_audit_engine(commands, formatter) -> None:
+    """The ``audit-engine`` command."""
+    audit = commands.add_parser(
+        "audit-engine", help="test a whole engine's emitted law against exact laws of tiny models",
+        description="Audit a whole speculative-decoding engine end to end: exit 0 when every case passes, 1 when "
+        "any fails, 2 when the audit cannot run.", formatter_class=formatter)
+    audit.add_argument("engine", metavar="ours|hf|gallery:KEY|MODULE:FUNCTION",
+                       help="'ours': this library's speculative_decode; 'hf': the installed transformers' assisted "
+                       "generation, in each configuration of engines.HF_CONFIGURATIONS; gallery:KEY an engine of "
+                       "the gallery (chapter 13); MODULE:FUNCTION your engine in the models convention")
+    audit.add_argument("--temperature", type=float, default=None, help="replace every case's processors: temperature")
+    audit.add_argument("--top-k", type=int, default=None, help="... top-k (with --temperature and friends)")
+    audit.add_argument("--top-p", type=float, default=None, help="... top-p")
+    audit.add_argument("--repetition-penalty", type=float, default=None,
+                       help="... transformers' repetition penalty; without the other flags, adds the battery's "
+                       "penalty case")
+    audit.add_argument("--gamma", type=int, default=2, help="ours: drafts per block (a policy's start)")
+    audit.add_argument("--rule", choices=("token", "block"), default="token", help="ours: the verification rule")
+    audit.add_argument("--policy", choices=("heuristic", "confidence", "auto"), default=None,
+                       help="ours: a draft-length policy instead of a fixed gamma (at most 3 drafts)")
+    audit.add_argument("--per-row", action="store_true", help="ours: each row keeps its own draft length")
+    audit.add_argument("--mixed", action="store_true", help="ours: rows of two prompt lengths in every batch")
+    audit.add_argument("--hf-config", action="append", default=None, metavar="LABEL",
+                       help="hf: audit only the configurations whose label contains LABEL (repeatable)")
+    audit.add_argument("--case", action="append", default=None, metavar="TEXT",
+                       help="audit only the cases whose name contains TEXT (repeatable)")
+    audit.add_argument("--max-rows", type=int, default=None, help="cap on each case's sample")
+    audit.add_argument("--json", default=None, metavar="FILE", help="also write the report(s) as JSON here")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the engine's generator")
+    audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    audit.set_defaults(run=_run_audit_engine)
+
+
+def _engine_cases(args):
+    from .engines import engine_battery
+    from .transforms import PenalizedConfig
+
+    flags = (args.temperature, args.top_k, args.top_p)
+    config = None
+    if any(v is not None for v in flags):
+        config = PenalizedConfig(1.0 if args.temperature is None else args.temperature, args.top_k, args.top_p,
+                                 repetition_penalty=args.repetition_penalty or 1.0)
+    cases = engine_battery(penalty=args.repetition_penalty is not None and config is None, config=config)
+    if args.repetition_penalty is not None and config is None:
+        cases = [c for c in cases if "penalty" in c.name]
+    if args.case:
+        cases = [c for c in cases if any(text in c.name for text in args.case)]
+        if not cases:
+            raise ValueError(f"no engine case matches {args.case}")
+    for case in cases:
+        case.law()  # a config that leaves the support too large fails here, in one line
+    return cases
+
+
+def _load_engine(args):
+    import importlib
+
+    from .engines import GALLERY, library_engine
+
+    spec = args.engine
+    if spec == "ours":
+        return library_engine(args.gamma, rule=args.rule, per_row=args.per_row, mixed=args.mixed, policy=args.policy)
+    if spec.startswith("gallery:"):
+        key = spec.partition(":")[2]
+        for entry in GALLERY:
+            if entry.key == key:
+                return entry.engine()
+        raise ValueError(f"no gallery engine {key!r}; known: {', '.join(e.key for e in GALLERY)}")
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"expected ours, hf, gallery:KEY or MODULE:FUNCTION, got {spec!r}")
+    try:
+        function = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
+        raise ValueError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+    for part in attribute.split("."):
+        if not hasattr(function, part):
+            raise ValueError(f"{module_name!r} has no attribute {attribute!r}")
+        function = getattr(function, part)
+    if not callable(function):
+        raise ValueError(f"{spec} is a {type(function).__name__}, not a function")
+    return function
+
+
+def _run_audit_engine(args) -> int:
+    import json
+    from pathlib import Path
+
+    from .audit import audit_engine
+
+    if args.engine == "hf":
+        return _run_audit_engine_hf(args)
+    engine = _load_engine(args)
+    cases = _engine_cases(args)
+    if args.engine == "ours" and any(getattr(c.config, "repetition_penalty", 1) != 1 for c in cases):
+        raise ValueError("this library's engine does not apply a repetition penalty: audit it without one")
+    report = audit_engine(engine, cases=cases, seed=args.seed, max_rows=args.max_rows, progress=not args.no_progress)
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(json.loads(report.to_json()), indent=2) + "\n")
+        print(f"report written to {args.json}")
+    return 0 if report.passed else 1
+
+
+def _run_audit_engine_hf(args) -> int:
+    import json
+    from pathlib import Path
+
+    from .audit import audit_engine
+    from .engines import HF_CONFIGURATIONS, cases_named, engine_battery
+
+    try:
+        import transformers
+    except ImportError as error:
+        raise ValueError(f"cannot import transformers ({error}); pip install transformers") from None
+    chosen = {label: value for label, value in HF_CONFIGURATIONS.items()
+              if not args.hf_config or any(text in label for text in args.hf_config)}
+    if not chosen:
+        raise ValueError(f"no transformers configuration matches {args.hf_config}; "
+                         f"known: {', '.join(HF_CONFIGURATIONS)}")
+    battery = engine_battery(penalty=True)
+    import torch
+
+    record = {"engine": "hf", "transformers": transformers.__version__, "torch": torch.__version__,
+              "configurations": []}
+    passed = True
+    for label, (settings, names) in chosen.items():
+        report = audit_engine(settings, convention="hf", cases=cases_named(battery, names), seed=args.seed,
+                              max_rows=args.max_rows, name=f"transformers {transformers.__version__}: {label}",
+                              progress=not args.no_progress)
+        print(report.table() + "\n")
+        record["configurations"].append({"label": label, "settings": settings, **json.loads(report.to_json())})
+        passed = passed and report.passed
+    if args.json:
+        from .timing import environment
+
+        record["environment"] = environment()
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"report written to {args.json}")
+    return 0 if passed else 1
 
 
 def _add_bench(commands, formatter) -> None:

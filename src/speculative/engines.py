@@ -284,11 +284,37 @@ def library_engine(gamma=2, rule: str = "token", per_row: bool = False, mixed: b
 
 def _forward_last(model: GPT, tokens: torch.Tensor, lengths: torch.Tensor, extra: int = 0) -> torch.Tensor:
     """Logits (B, extra + 1, V) at positions lengths - 1 .. lengths - 1 + extra of right-padded rows: with
-    full causal forwards, what follows a row's end never reaches the positions before it."""
+    full causal forwards, what follows a row's end never reaches the positions before it. Rows with the
+    same tokens run once (thousands of rows of one prompt share most of their contexts)."""
     width = int(lengths.max()) + extra
-    logits = model(tokens[:, :width])
-    index = (lengths - 1).unsqueeze(1) + torch.arange(extra + 1)
-    return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    rows = tokens[:, :width].masked_fill(torch.arange(width) >= (lengths + extra).unsqueeze(1), 0)
+    key = torch.cat([rows, lengths.unsqueeze(1)], 1)
+    unique, inverse = _unique_rows(key)
+    logits = model(unique[:, :width])
+    index = (unique[:, -1] - 1).unsqueeze(1) + torch.arange(extra + 1)
+    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    return picked[inverse]
+
+
+_HASH = torch.randint(1, 2**62, (CONTEXT + 2,), generator=torch.Generator().manual_seed(0))
+
+
+def _unique_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(key, dim=0, return_inverse=True)``, faster: rows are grouped by a 64-bit hash
+    (wrapping integer arithmetic), and the grouping is checked row by row (a collision falls back)."""
+    hashes = (key * _HASH[:key.shape[1]]).sum(1)
+    _, first, inverse = _unique_first(hashes)
+    unique = key[first]
+    if not bool((unique[inverse] == key).all()):
+        return torch.unique(key, dim=0, return_inverse=True)
+    return unique, inverse
+
+
+def _unique_first(values: torch.Tensor):
+    """(unique values, the index of one row holding each, the inverse map)."""
+    unique, inverse = torch.unique(values, return_inverse=True)
+    first = torch.empty(len(unique), dtype=torch.long).scatter_(0, inverse, torch.arange(len(values)))
+    return unique, first, inverse
 
 
 def _write(buffer: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -352,9 +378,12 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
             verified = raw_probs if bug == "raw_q" else draft_probs
             result = rejection_sample(drafts, verified, target_probs, generator, check_values=False)
             accepted, emitted = result.num_accepted, result.tokens.clamp(min=0)
-        ends = _write(out, ends, emitted, accepted + 1)
+        active = ends - len(prompt) < max_new_tokens  # a finished row stays as it is
+        ends = _write(out, ends, emitted, torch.where(active, accepted + 1, 0))
         ends_t, late = _roll_target(bug, seen_t, out, ends, ends_t, emitted, accepted, k, late)
         ends_d = _roll_draft(bug, seen_d, out, ends, ends_d, emitted, accepted, k)
+        seen_t[~active], seen_d[~active] = out[~active], out[~active]
+        ends_t, ends_d = torch.where(active, ends_t, ends), torch.where(active, ends_d, ends)
     return out[:, len(prompt):len(prompt) + max_new_tokens]
 
 
@@ -470,18 +499,16 @@ GALLERY = [
 
 #: The transformers configurations ``audit-engine hf`` audits: a label, generate() settings, and the
 #: battery cases (by name) they run on; ``None`` for the assistant means prompt-lookup decoding.
+_CONSTANT = {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
+             "assistant_confidence_threshold": 0.0}
 HF_CONFIGURATIONS = {
-    "T = 1, constant γ = 3": ({"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
-                               "assistant_confidence_threshold": 0.0}, ["V = 3, T = 1", "V = 8, top-k 2"]),
-    "T = 0.7, top-k 4, top-p 0.9": ({"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
-                                     "assistant_confidence_threshold": 0.0}, ["V = 6, T = 0.7, top-k 4, top-p 0.9"]),
-    "repetition penalty 1.5": ({"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant",
-                                "assistant_confidence_threshold": 0.0}, ["V = 3, repetition penalty 1.5"]),
-    "heuristic schedule": ({"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic",
-                            "assistant_confidence_threshold": 0.0}, ["V = 3, T = 1", "V = 4, top-k 3"]),
-    "confidence threshold 0.4": ({"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant",
-                                  "assistant_confidence_threshold": 0.4}, ["V = 3, T = 1"]),
-    "prompt lookup": ({"prompt_lookup_num_tokens": 3}, ["V = 3, T = 1", "V = 4, top-k 3"]),
+    "T = 1, constant γ = 3": (dict(_CONSTANT), ["V = 3, T = 1"]),
+    "T = 0.7, top-k 4, top-p 0.9": (dict(_CONSTANT), ["V = 6, T = 0.7, top-k 4, top-p 0.9"]),
+    "repetition penalty 1.5": (dict(_CONSTANT), ["V = 3, repetition penalty 1.5"]),
+    "heuristic schedule": ({**_CONSTANT, "num_assistant_tokens_schedule": "heuristic"}, ["V = 4, top-k 3"]),
+    "confidence threshold 0.4": ({**_CONSTANT, "num_assistant_tokens": 5, "assistant_confidence_threshold": 0.4},
+                                 ["V = 3, T = 1"]),
+    "prompt lookup": ({"prompt_lookup_num_tokens": 3}, ["V = 3, T = 1"]),
 }
 
 
