@@ -596,7 +596,7 @@ def assert_lossless(fn: Callable, **options) -> AuditReport:
 
 
 #: The default cap on each engine case's sample, per convention ("hf": one generate() call per row).
-ENGINE_MAX_ROWS = {"models": 60_000, "hf": 4_000}
+ENGINE_MAX_ROWS = {"models": 60_000, "hf": 3_000}
 #: Seconds an engine may spend on one case before the case fails (per convention).
 ENGINE_TIME_LIMIT = {"models": 120.0, "hf": 300.0}
 

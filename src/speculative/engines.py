@@ -170,6 +170,10 @@ def _enumerate(case: EngineCase) -> tuple:
     vocab, prompt = case.vocab, list(case.prompt)
     if len(prompt) + case.length > CONTEXT:
         raise ValueError(f"case {case.name!r}: the prompt and {case.length} tokens exceed the context of {CONTEXT}")
+    kept = vocab if case.config.top_k is None else min(vocab, case.config.top_k)
+    if case.config.top_p is None and not case.config.greedy and kept ** case.length > MAX_SEQUENCES:
+        raise ValueError(f"case {case.name!r}: the law's support holds {kept}^{case.length} sequences, past "
+                         f"{MAX_SEQUENCES:,}; restrict it (top-k, top-p) or audit fewer tokens")
     prefixes = torch.empty(1, 0, dtype=torch.long)
     codes, probs = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.float64)
     entropy = accepted = 0.0
