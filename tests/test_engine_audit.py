@@ -49,7 +49,8 @@ def test_the_enumerated_law_is_the_evaluate_modules_law(battery):
     law, _ = exact_sequence_law(case.target, case.prompt, case.config, case.length)
     assert len(law) == len(codes)
     theirs = {int(case.codes_of(torch.tensor([seq]))[0]): p for seq, p in law.items()}
-    assert np.allclose([theirs[int(c)] for c in codes], probs, rtol=1e-5, atol=0)  # float32 forwards, batched differently
+    # float32 forwards, batched differently: equal to rounding
+    assert np.allclose([theirs[int(c)] for c in codes], probs, rtol=1e-5, atol=0)
     assert probs.sum() == pytest.approx(1.0, abs=1e-12)
 
 
@@ -93,6 +94,7 @@ def _engine_of(module, **options):
     return engine
 
 
+@pytest.mark.slow
 def test_the_planted_rollback_bug_in_this_librarys_engine_is_caught(battery):
     broken = planted_rollback_bug()
     report = audit_engine(_engine_of(broken, gamma=2), cases=[battery["V = 3, T = 1"], battery["V = 4, top-k 3"]])
@@ -103,6 +105,7 @@ def test_the_planted_rollback_bug_in_this_librarys_engine_is_caught(battery):
     assert audit_engine(_engine_of(decode, gamma=2), cases=[battery["V = 3, T = 1"], battery["V = 4, top-k 3"]]).passed
 
 
+@pytest.mark.slow
 def test_the_planted_cut_bug_is_caught(battery):
     from speculative.policy import make_policy
 

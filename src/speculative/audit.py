@@ -55,7 +55,7 @@ from .transforms import SamplingConfig, logits_to_probs
 __all__ = ["AuditCase", "CaseResult", "AuditReport", "default_battery", "select_cases", "audit_sampler",
            "assert_lossless", "pitfall_power", "pitfall_sampler", "CONVENTIONS", "RULE_LAWS", "EDGE_UNIFORMS",
            "EDGE_ROWS", "MAX_ROWS", "EngineReport", "audit_engine", "assert_engine_lossless", "engine_power",
-           "ENGINE_MAX_ROWS", "ENGINE_TIME_LIMIT"]
+           "ENGINE_MAX_ROWS", "ENGINE_TIME_LIMIT", "audit_gallery"]
 
 #: The uniforms an edge run fixes every draw to: 0, and the largest float32 below 1 (1 - 2^-24).
 EDGE_UNIFORMS = (0.0, float(np.nextafter(np.float32(1), np.float32(0))))
@@ -786,3 +786,32 @@ def assert_engine_lossless(engine, **options) -> EngineReport:
     if not report.passed:
         raise AssertionError("the engine does not keep the target's law on every case:\n" + report.table())
     return report
+
+
+def audit_gallery(cases, entries=None, power_rows: int = 10_000, family_false_alarm: float = stats.FALSE_ALARM_RATE,
+                  seed: int = 0) -> list[dict]:
+    """Audit every engine of :data:`engines.GALLERY` on ``cases`` and, for each wrong one, estimate the
+    battery's power against it: per case, from an independent sample of ``power_rows`` rows
+    (:func:`engine_power`), cases taken from the lowest p-value up until the battery's power (one minus
+    the product of the cases' misses; the cases are independent) reaches 0.999. Returns one dict per engine."""
+    from .engines import GALLERY
+
+    rows = []
+    for entry in GALLERY if entries is None else entries:
+        engine = entry.engine()
+        report = audit_engine(engine, cases=cases, family_false_alarm=family_false_alarm, seed=seed)
+        row = {"key": entry.key, "name": entry.name, "lawful": entry.lawful, "cite": entry.cite, "url": entry.url,
+               "passed": report.passed, "failed": [r.name for r in report.results if not r.passed],
+               "report": report, "power": None, "power_cases": []}
+        if not entry.lawful:
+            per_case, miss = family_false_alarm / len(cases), 1.0
+            order = sorted(zip(report.results, cases), key=lambda pair: pair[0].p_value or 0.0)
+            for result, case in order:
+                power = engine_power(engine, case, result.n, per_case, power_rows)
+                miss *= 1 - power
+                row["power_cases"].append((case.name, power))
+                if 1 - miss >= 0.999:
+                    break
+            row["power"] = 1 - miss
+        rows.append(row)
+    return rows

@@ -469,7 +469,7 @@ GALLERY = [
                 "raw_q", truncation=True),
     EngineEntry("penalty_ignored", "repetition penalty ignored", False,
                 "decodes, drafts and verifies as if no repetition penalty had been asked for",
-                "tensorrtllm17701", "https://github.com/NVIDIA/TensorRT-LLM/pull/17701", "penalty_ignored",
+                "tensorrtllm17701,sglang28242", "https://github.com/NVIDIA/TensorRT-LLM/pull/17701", "penalty_ignored",
                 penalty=True),
     EngineEntry("argmax_verify", "arg-max verification at T > 0", False,
                 "accepts a draft only when it is the target's arg-max and emits the arg-max, whatever the "
