@@ -269,10 +269,13 @@ def _run_audit_engine_hf(args) -> int:
         raise ValueError(f"no transformers configuration matches {args.hf_config}; "
                          f"known: {', '.join(HF_CONFIGURATIONS)}")
     battery = engine_battery(penalty=True)
+    import importlib.util
+
     import torch
 
     record = {"engine": "hf", "transformers": transformers.__version__, "torch": torch.__version__,
-              "configurations": []}
+              # without scikit-learn, transformers keeps assistant_confidence_threshold fixed (no adaptation)
+              "scikit_learn": importlib.util.find_spec("sklearn") is not None, "configurations": []}
     passed = True
     for label, (settings, names) in chosen.items():
         report = audit_engine(settings, convention="hf", cases=cases_named(battery, names), seed=args.seed,
