@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -640,7 +641,8 @@ def _time_limit(seconds: float):
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer")
+            or not math.isfinite(seconds)):
         yield
         return
 

@@ -286,18 +286,32 @@ def library_engine(gamma=2, rule: str = "token", per_row: bool = False, mixed: b
 # --------------------------------------------------------------------------- the reference engine and its bugs
 
 
-def _forward_last(model: GPT, tokens: torch.Tensor, lengths: torch.Tensor, extra: int = 0) -> torch.Tensor:
-    """Logits (B, extra + 1, V) at positions lengths - 1 .. lengths - 1 + extra of right-padded rows: with
-    full causal forwards, what follows a row's end never reaches the positions before it. Rows with the
-    same tokens run once (thousands of rows of one prompt share most of their contexts)."""
-    width = int(lengths.max()) + extra
-    rows = tokens[:, :width].masked_fill(torch.arange(width) >= (lengths + extra).unsqueeze(1), 0)
-    key = torch.cat([rows, lengths.unsqueeze(1)], 1)
-    unique, inverse = _unique_rows(key)
-    logits = model(unique[:, :width])
-    index = (unique[:, -1] - 1).unsqueeze(1) + torch.arange(extra + 1)
-    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    return picked[inverse]
+class _Forwards:
+    """Forwards of right-padded rows that all begin with ``prompt``, as full forwards compute them: the
+    prompt's keys and values (all but its last token) are computed once, every later position from the
+    rows' own tokens. ``self(tokens, lengths, extra)`` returns the logits (B, extra + 1, V) at positions
+    lengths - 1 .. lengths - 1 + extra; what follows a row's end never reaches the positions before it.
+    Rows with the same tokens run once (thousands of rows of one prompt share most of their contexts)."""
+
+    def __init__(self, model: GPT, prompt: Sequence[int]):
+        self.model, self.start = model, len(prompt) - 1
+        self.prefix = model.new_cache(1)
+        if self.start > 0:
+            model(torch.tensor([list(prompt[:-1])]), 0, self.prefix)
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, extra: int = 0) -> torch.Tensor:
+        width = int(lengths.max()) + extra
+        rows = tokens[:, :width].masked_fill(torch.arange(width) >= (lengths + extra).unsqueeze(1), 0)
+        unique, inverse = _unique_rows(torch.cat([rows, lengths.unsqueeze(1)], 1))
+        picked = []
+        for chunk in unique.split(4096):
+            cache = self.model.new_cache(len(chunk), length=width)
+            cache.keys[:, :, :self.start] = self.prefix.keys[:, :, :self.start]
+            cache.values[:, :, :self.start] = self.prefix.values[:, :, :self.start]
+            logits = self.model(chunk[:, self.start:width], self.start, cache, span=width, check=False)
+            index = (chunk[:, -1] - 1 - self.start).unsqueeze(1) + torch.arange(extra + 1)
+            picked.append(logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])))
+        return torch.cat(picked)[inverse]
 
 
 _HASH = torch.randint(1, 2**62, (CONTEXT + 2,), generator=torch.Generator().manual_seed(0))
@@ -341,12 +355,13 @@ def _argmax_verify(drafts, draft_probs, target_probs, generator):
 @torch.no_grad()
 def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n, *, gamma: int = 2,
                      bug: Optional[str] = None) -> torch.Tensor:
-    """A short, batched speculative decoder in the ``"models"`` convention, with full forwards and no
-    cache, that keeps what each model sees as explicit token buffers: ``seen_t`` (the target's context)
-    and ``seen_d`` (the draft's), right-padded. Correct, both hold exactly the emitted tokens after every
-    block. ``bug`` plants one of the gallery's bug classes (:data:`GALLERY`) or one of its lawful oddities."""
+    """A short, batched speculative decoder in the ``"models"`` convention that recomputes every position
+    after the prompt from tokens (no cache to roll back) and keeps what each model sees as explicit
+    buffers: ``seen_t`` (the target's context) and ``seen_d`` (the draft's), right-padded. Correct, both
+    hold exactly the emitted tokens after every block. ``bug`` plants one of the gallery's bug classes (:data:`GALLERY`) or one of its lawful oddities."""
     from .sampler import rejection_sample
 
+    target_forward, draft_forward = _Forwards(target, prompt), _Forwards(draft, prompt)
     out = torch.zeros(n, CONTEXT + 1, dtype=torch.long)
     out[:, :len(prompt)] = torch.tensor(prompt)
     seen_t, seen_d = out.clone(), out.clone()
@@ -364,14 +379,14 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
         draft_probs = torch.zeros(n, k, target.config.vocab_size)
         raw_probs = torch.zeros_like(draft_probs)
         for j in range(k):
-            logits = _forward_last(draft, seen_d, ends_d + j)[:, 0]
+            logits = draft_forward(seen_d, ends_d + j)[:, 0]
             q = processed_probs(logits, draft_config, seen_d, ends_d + j)
             drafts[:, j] = torch.multinomial(q, 1, generator=generator).squeeze(1)
             draft_probs[:, j] = q
             raw_probs[:, j] = torch.softmax(logits.float() / float(draft_config.temperature), -1)
             seen_d[torch.arange(n), ends_d + j] = drafts[:, j]
         _write(seen_t, ends_t, drafts, torch.full((n,), k))  # the target reads the drafts after its context
-        logits = _forward_last(target, seen_t, ends_t, extra=k)  # (n, k + 1, V)
+        logits = target_forward(seen_t, ends_t, extra=k)  # (n, k + 1, V)
         target_probs = torch.stack([processed_probs(logits[:, i], target_config, seen_t, ends_t + i)
                                     for i in range(k + 1)], 1)
         if bug == "argmax_verify":
