@@ -128,7 +128,7 @@ class EngineCase:
     prompt: list
     config: SamplingConfig
     length: int = 9
-    tv: float = 0.06  # the total variation distance the sample size is chosen to detect at power 0.99
+    tv: float = 0.07  # the total variation distance the sample size is chosen to detect at power 0.99
     _law: Optional[tuple] = field(default=None, repr=False)
 
     @property
@@ -358,7 +358,8 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
     """A short, batched speculative decoder in the ``"models"`` convention that recomputes every position
     after the prompt from tokens (no cache to roll back) and keeps what each model sees as explicit
     buffers: ``seen_t`` (the target's context) and ``seen_d`` (the draft's), right-padded. Correct, both
-    hold exactly the emitted tokens after every block. ``bug`` plants one of the gallery's bug classes (:data:`GALLERY`) or one of its lawful oddities."""
+    hold exactly the emitted tokens after every block. ``bug`` plants one of the gallery's bug classes
+    (:data:`GALLERY`) or one of its lawful oddities."""
     from .sampler import rejection_sample
 
     target_forward, draft_forward = _Forwards(target, prompt), _Forwards(draft, prompt)
