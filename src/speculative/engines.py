@@ -367,7 +367,8 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
     out[:, :len(prompt)] = torch.tensor(prompt)
     seen_t, seen_d = out.clone(), out.clone()
     ends = torch.full((n,), len(prompt))
-    ends_t, ends_d, late = ends.clone(), ends.clone(), False
+    ends_t, ends_d = ends.clone(), ends.clone()
+    late = torch.zeros(n, dtype=torch.bool)  # bug "late": rows whose rollback was skipped last block
     draft_config = config
     if bug == "draft_temperature":  # lawful: the draft samples at its own temperature, the rule gets that q
         draft_config = type(config)(**{**config.__dict__, "temperature": 1.5 * config.temperature})
@@ -415,21 +416,28 @@ def _keep_drafts(seen: torch.Tensor, ends: torch.Tensor, emitted, accepted, k: i
 
 def _roll_target(bug, seen_t, out, ends, ends_t, emitted, accepted, k, late):
     """After a block: what the target's context holds next (a correct engine: exactly the emitted tokens).
-    Returns its new lengths and, for bug "late", whether this block's rollback was skipped."""
+    Returns its new lengths and, for bug "late", the rows whose rollback is left for the next block.
+    A context about to outgrow the models' 64 positions is rebuilt from the emitted tokens, which heals
+    a planted slip for that row (it can happen inside the nine audited tokens on the longest prompt)."""
     full = accepted == k
-    if bug == "target_not_rewound" or (bug == "late" and not late):
-        # mlx-lm #1109: the rejected drafts stay; "late" (openvino.genai #4190): they stay for one block
-        new = _keep_drafts(seen_t, ends_t, emitted, accepted, k)
-        late = bug == "late"
-    elif bug == "shared_offset":  # mlx-vlm #1155: every row moves by the first row's count
-        _write(seen_t, ends_t, emitted, accepted + 1)
-        new, late = ends_t + accepted[0] + 1, False
+    if bug == "target_not_rewound":  # mlx-lm #1109: the rejected drafts stay in the target's context
+        new, late = _keep_drafts(seen_t, ends_t, emitted, accepted, k), late
+    elif bug == "late":  # openvino.genai #4190: a rejection is rolled back one block late, row by row
+        kept = _keep_drafts(seen_t, ends_t, emitted, accepted, k)  # this block's rollback skipped ...
+        due = late.clone()
+        seen_t[due] = out[due]  # ... and the last block's, due now, done
+        new = torch.where(due, ends, kept)
+        late = ~due & ~full  # rows whose rejection this block is left for the next
+    elif bug == "shared_offset":  # mlx-vlm #1155: every row's offset moves by the whole block; the
+        _write(seen_t, ends_t, emitted, accepted + 1)  # rejected tail is blanked, not rolled back
+        _write(seen_t, ends_t + accepted + 1, torch.zeros(len(out), k + 1, dtype=torch.long), k - accepted)
+        new, late = ends_t + k + 1, late
     elif bug == "bonus_not_cached":  # after a full block the bonus token's entry never reaches the target
         _write(seen_t, ends_t, emitted, accepted + 1 - full.long())
-        new, late = ends_t + accepted + 1 - full.long(), False
+        new = ends_t + accepted + 1 - full.long()
     else:
         seen_t.copy_(out)
-        new, late = ends.clone(), False
+        new = ends.clone()
     over = new + 2 * k + 3 > CONTEXT  # a context about to overflow is rebuilt from the emitted tokens
     if bug == "bonus_not_cached":  # it lags instead: rebuild it when the emitted tokens near the end
         over = ends + 2 * k + 3 > CONTEXT
@@ -485,7 +493,7 @@ GALLERY = [
                 "raw_q", truncation=True),
     EngineEntry("penalty_ignored", "repetition penalty ignored", False,
                 "decodes, drafts and verifies as if no repetition penalty had been asked for",
-                "tensorrtllm17701,sglang28242", "https://github.com/NVIDIA/TensorRT-LLM/pull/17701", "penalty_ignored",
+                "tensorrtllm17701", "https://github.com/NVIDIA/TensorRT-LLM/pull/17701", "penalty_ignored",
                 penalty=True),
     EngineEntry("argmax_verify", "arg-max verification at T > 0", False,
                 "accepts a draft only when it is the target's arg-max and emits the arg-max, whatever the "
@@ -497,10 +505,12 @@ GALLERY = [
                 "after a fully accepted block the target's context lacks the bonus token (vLLM #9730 is the "
                 "same slip on the draft's side, which is lawful: see below)", bug="bonus_not_cached"),
     EngineEntry("late", "a rejection rolled back one block late", False,
-                "after a rejection, the next block's target still sees the rejected drafts",
+                "after a rejection, the row's next block still sees the rejected drafts; the rollback comes a "
+                "block later",
                 "openvino4190", "https://github.com/openvinotoolkit/openvino.genai/issues/4190", "late"),
-    EngineEntry("shared_offset", "one rollback for the whole batch", False,
-                "moves every row's target context by the first row's accepted count",
+    EngineEntry("shared_offset", "offsets not rolled back, row by row", False,
+                "advances every row's target context by the whole block and blanks the rejected tail "
+                "instead of rolling the row's offset back",
                 "mlxvlm1155", "https://github.com/Blaizzy/mlx-vlm/pull/1155", "shared_offset"),
     EngineEntry("draft_not_rewound", "the draft's cache is not rewound", True,
                 "keeps the rejected drafts in the draft's context: worse drafts, the same law"),
@@ -558,12 +568,12 @@ def hf_engine(settings: dict) -> Callable:
         ids = torch.tensor([list(prompt)])
         kwargs = {"prompt_lookup_num_tokens": settings["prompt_lookup_num_tokens"]} if lookup else \
             {"assistant_model": hf_draft}
-        if not lookup:
-            hf_draft.generation_config = GenerationConfig(**settings)
         torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
         rows = []
         with _quiet():
             for _ in range(n):
+                if not lookup:  # each call starts from the settings: the heuristic schedule writes its state back
+                    hf_draft.generation_config = GenerationConfig(**settings)
                 out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                          min_new_tokens=max_new_tokens, pad_token_id=0, **kwargs,
                                          **_hf_sampling(config))
