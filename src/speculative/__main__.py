@@ -157,7 +157,7 @@ def _add_audit_engine(commands, formatter) -> None:
     audit.add_argument("engine", metavar="ours|hf|gallery:KEY|MODULE:FUNCTION",
                        help="'ours': this library's speculative_decode; 'hf': the installed transformers' assisted "
                        "generation, in each configuration of engines.HF_CONFIGURATIONS; gallery:KEY an engine of "
-                       "the gallery (chapter 13); MODULE:FUNCTION your engine in the models convention")
+                       "the gallery (chapter 12); MODULE:FUNCTION your engine in the models convention")
     audit.add_argument("--temperature", type=float, default=None, help="replace every case's processors: temperature")
     audit.add_argument("--top-k", type=int, default=None, help="... top-k (with --temperature and friends)")
     audit.add_argument("--top-p", type=float, default=None, help="... top-p")
@@ -203,8 +203,6 @@ def _engine_cases(args):
 
 
 def _load_engine(args):
-    import importlib
-
     from .engines import GALLERY, library_engine
 
     spec = args.engine
@@ -216,20 +214,7 @@ def _load_engine(args):
             if entry.key == key:
                 return entry.engine()
         raise ValueError(f"no gallery engine {key!r}; known: {', '.join(e.key for e in GALLERY)}")
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"expected ours, hf, gallery:KEY or MODULE:FUNCTION, got {spec!r}")
-    try:
-        function = importlib.import_module(module_name)
-    except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
-        raise ValueError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
-    for part in attribute.split("."):
-        if not hasattr(function, part):
-            raise ValueError(f"{module_name!r} has no attribute {attribute!r}")
-        function = getattr(function, part)
-    if not callable(function):
-        raise ValueError(f"{spec} is a {type(function).__name__}, not a function")
-    return function
+    return _import_callable(spec, "ours, hf, gallery:KEY or MODULE:FUNCTION")
 
 
 def _run_audit_engine(args) -> int:
@@ -562,8 +547,6 @@ def _verify_beyond_one_draft() -> int:
 def _load_sampler(spec: str):
     """Return (function, convention, name) for ``MODULE:FUNCTION``, ``pitfall:KEY`` or ``hf``; a ValueError
     says what failed."""
-    import importlib
-
     if spec == "hf":
         try:
             import transformers
@@ -577,9 +560,17 @@ def _load_sampler(spec: str):
         from .pitfalls import find
 
         return pitfall_sampler(find(spec.partition(":")[2])), "pitfall", spec
+    return _import_callable(spec, "MODULE:FUNCTION, pitfall:KEY or hf"), "probs", spec
+
+
+def _import_callable(spec: str, expected: str):
+    """Return the callable ``MODULE:FUNCTION`` names; a ValueError says what failed (``expected`` names the
+    forms the command takes)."""
+    import importlib
+
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"expected MODULE:FUNCTION, pitfall:KEY or hf, got {spec!r}")
+        raise ValueError(f"expected {expected}, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - any import failure is reported in one line
@@ -591,7 +582,7 @@ def _load_sampler(spec: str):
         function = getattr(function, part)
     if not callable(function):
         raise ValueError(f"{spec} is a {type(function).__name__}, not a function")
-    return function, "probs", spec
+    return function
 
 
 def _check_signature(function, convention: str) -> None:

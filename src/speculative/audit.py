@@ -487,6 +487,22 @@ def _edges_supported(fn, convention) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _in_scratch(cases, progress: bool, label: str):
+    """Yield the cases to run (with a progress bar if asked) inside a scratch folder that is deleted
+    afterwards, so a relative write by the audited code cannot land in the caller's folder (an absolute
+    path still can: the audit does not sandbox the code it calls)."""
+    import tempfile
+
+    iterator = cases
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(cases, desc=label, unit="case")
+    with tempfile.TemporaryDirectory(prefix="speculative-audit-") as scratch, contextlib.chdir(scratch):
+        yield iterator
+
+
 def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[AuditCase]] = None,
                   family_false_alarm: float = stats.FALSE_ALARM_RATE, max_rows: Optional[int] = None,
                   seed: int = 0, name: Optional[str] = None, progress: bool = False,
@@ -518,16 +534,7 @@ def audit_sampler(fn: Callable, *, convention="probs", cases: Optional[list[Audi
     per_case = family_false_alarm / len(chosen)
     can_edge = _edges_supported(fn, label)
     began = time.perf_counter()
-    iterator = chosen
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(chosen, desc="audit", unit="case")
-    import tempfile
-
-    # the sampler runs in a scratch folder that is deleted afterwards, so a relative write cannot land in
-    # the caller's folder (an absolute path still can: the audit does not sandbox the code it calls)
-    with tempfile.TemporaryDirectory(prefix="speculative-audit-") as scratch, contextlib.chdir(scratch):
+    with _in_scratch(chosen, progress, "audit") as iterator:
         for number, case in enumerate(iterator):
             report.results.append(_run_case(fn, adapter, case, per_case, max_rows, seed + number, can_edge,
                                             label, rule))
@@ -743,14 +750,7 @@ def audit_engine(engine, *, convention: str = "models", cases=None, family_false
     report = EngineReport(name or getattr(engine, "__qualname__", repr(engine)), convention, family_false_alarm)
     per_case = family_false_alarm / len(cases)
     began = time.perf_counter()
-    iterator = cases
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(cases, desc="audit-engine", unit="case")
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="speculative-audit-") as scratch, contextlib.chdir(scratch):
+    with _in_scratch(cases, progress, "audit-engine") as iterator:
         for number, case in enumerate(iterator):
             report.cases.append({"name": case.name, "k": case.length, "vocab": case.vocab,
                                  "prompt_length": len(case.prompt), "config": case.config.describe(),
