@@ -108,13 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="{verify,audit,audit-engine,bench,gpu-report,train}")
+                                     metavar="{verify,audit,audit-engine,bench,gpu-report,train,train-draft}")
 
     _add_verify_and_audit(commands, formatter)
     _add_audit_engine(commands, formatter)
     _add_bench(commands, formatter)
     _add_gpu_report(commands, formatter)
     _add_train(commands, formatter)
+    _add_train_draft(commands, formatter)
     return parser
 
 
@@ -477,6 +478,40 @@ def _write(record: dict, table, out: Optional[str]) -> int:
     path = write_record(record, out)
     if path:
         print(f"record written to {path}")
+    return 0
+
+
+def _add_train_draft(commands, formatter) -> None:
+    """The ``train-draft`` command."""
+    from .train import parse_candidate
+
+    draft = commands.add_parser("train-draft", help="distil candidate drafts from a pair's target, each saved in a "
+                                "folder of its own (see speculative.drafts)", formatter_class=formatter)
+    draft.add_argument("--out", required=True, help="folder for the candidates, one subfolder each")
+    shape = "NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init], e.g. tv=2x128:tv:240:init"
+    draft.add_argument("--candidate", type=_parser(parse_candidate, bool, shape), action="append",
+                       required=True, metavar="NAME=LxW:OBJECTIVE:SECONDS[:init]",
+                       help="a candidate: shape, loss (kl, tv, mixed), seconds of training, and init to start "
+                            "from the pair's draft; repeat for more")
+    draft.add_argument("--pair", default=None, help="folder of the pair (default: the shipped pair)")
+    draft.add_argument("--sampled-windows", type=_int, default=2048, help="windows of the target's own samples")
+    draft.add_argument("--text-windows", type=_int, default=2048, help="windows of training text")
+    draft.add_argument("--seed", type=int, default=defaults.TRAIN_SEED, help="seed of the windows and weights")
+    draft.add_argument("--force", action="store_true", help="replace candidate folders that hold files")
+    draft.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    draft.set_defaults(run=_run_train_draft)
+
+
+def _run_train_draft(args) -> int:
+    from .pair import load_pair
+    from .train import train_drafts
+
+    if len({c["name"] for c in args.candidate}) != len(args.candidate):
+        raise ValueError("two candidates share a name")
+    digests = train_drafts(load_pair(args.pair), args.out, args.candidate, args.sampled_windows, args.text_windows,
+                           args.seed, progress=not args.no_progress, overwrite=args.force)
+    for name, digest in digests.items():
+        print(f"{name}: written to {args.out}/{name} (sha256 {digest})")
     return 0
 
 

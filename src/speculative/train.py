@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,82 @@ from . import defaults
 from .model import GPT, GPTConfig
 from .pair import Pair, check_destination, load_pair, save_pair
 
-__all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor", "train_pair", "get_pair", "make_prompts"]
+__all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor", "train_pair", "get_pair", "make_prompts",
+           "DISTILL_OBJECTIVES", "distill_loss", "DistillData", "target_samples",
+           "joined", "parse_candidate", "train_drafts"]
+
+#: The draft's distillation losses, per position, averaged: "kl", the forward KL(p || q) (the shipped
+#: draft's); "tv", the total variation distance 1/2 sum |p - q|, whose complement is the acceptance rate
+#: itself; "mixed", the mean of the forward and the reverse KL(q || p). DistillSpec (Zhou et al., 2024)
+#: compares these and finds the best one depends on the task and the sampling temperature.
+DISTILL_OBJECTIVES = ("kl", "tv", "mixed")
+
+
+def distill_loss(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor, objective: str) -> torch.Tensor:
+    """Return the mean per-position distillation loss of student logits (..., V) against the teacher's
+    log-probabilities (..., V) under ``objective`` (one of :data:`DISTILL_OBJECTIVES`)."""
+    if objective not in DISTILL_OBJECTIVES:
+        raise ValueError(f"unknown distillation objective {objective!r}: use one of {', '.join(DISTILL_OBJECTIVES)}")
+    student = F.log_softmax(student_logits.float(), dim=-1).flatten(0, -2)  # (N, V)
+    teacher = teacher_logprobs.float().flatten(0, -2)
+    if objective == "tv":
+        return 0.5 * (student.exp() - teacher.exp()).abs().sum(-1).mean()
+    forward = F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # KL(p || q)
+    if objective == "kl":
+        return forward
+    reverse = F.kl_div(teacher, student, log_target=True, reduction="batchmean")  # KL(q || p)
+    return 0.5 * (forward + reverse)
+
+
+@dataclass
+class DistillData:
+    """Windows to distil on, with the teacher's log-probabilities at every input position, computed once."""
+
+    tokens: torch.Tensor  # (N, L + 1) int64: inputs are [:, :-1], next tokens [:, 1:]
+    teacher_logprobs: torch.Tensor  # (N, L, V) float16
+    description: dict  # how the windows were made (prefix, temperature, seed, count)
+
+
+@torch.no_grad()
+def target_samples(target: GPT, text: bytes, windows: int, prefix: int = 32, temperature: float = 1.0,
+                   seed: int = 0, batch: int = 64, progress: bool = True) -> DistillData:
+    """Return ``windows`` windows of the target's own samples with its log-probabilities at each position.
+
+    Each window is ``prefix`` bytes of ``text`` at a line start chosen by ``seed``, continued by the
+    target at ``temperature`` (0: greedily) to the target's whole context (a ``prefix`` of the whole
+    context gives windows of the text itself, nothing sampled); the teacher's log-probabilities
+    are those of the untransformed target (temperature 1), as distillation uses them. These are the
+    contexts a draft meets when speculative decoding emits the target's text (DistillSpec's point: train
+    the draft on the data it will be asked to draft on).
+    """
+    from tqdm import tqdm
+
+    from .decode import plain_decode
+    from .transforms import SamplingConfig
+
+    context = target.config.context
+    if not 1 <= prefix <= context:
+        raise ValueError(f"prefix must be in [1, {context}], got {prefix}")
+    prompts = make_prompts(text, count=windows, length=prefix, seed=seed)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    config = SamplingConfig(temperature=temperature)
+    rows, logprobs = [], []
+    for first in tqdm(range(0, windows, batch), desc="target samples", disable=not progress, file=sys.stderr):
+        chunk = prompts[first:first + batch]
+        made = plain_decode(target, chunk, context - prefix, config, generator=generator).tokens if prefix < context \
+            else [[] for _ in chunk]  # a prefix of the whole context: windows of the text itself
+        tokens = torch.tensor([list(p) + t for p, t in zip(chunk, made)], device=target.device)  # (b, L+1)
+        rows.append(tokens.cpu())
+        logprobs.append(F.log_softmax(target(tokens[:, :-1]).float(), dim=-1).to(torch.float16).cpu())
+    description = {"source": "target samples" if prefix < context else "text", "windows": windows,
+                   "prefix": prefix, "temperature": temperature, "seed": seed, "positions": context - 1}
+    return DistillData(torch.cat(rows), torch.cat(logprobs), description)
+
+
+def joined(parts: Sequence[DistillData]) -> DistillData:
+    """Return the windows of several :class:`DistillData` as one (their windows must have one length)."""
+    return DistillData(torch.cat([p.tokens for p in parts]), torch.cat([p.teacher_logprobs for p in parts]),
+                       {"parts": [p.description for p in parts]})
 
 
 @dataclass(frozen=True)
@@ -40,7 +115,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every_seconds: float = 60.0
     eval_windows: int = 48  # fixed validation windows, context bytes each
-    distill_weight: float = 0.0  # 0: plain cross-entropy; > 0: mix in KL to the teacher
+    distill_weight: float = 0.0  # 0: plain cross-entropy; > 0: mix in the distillation loss to the teacher
+    objective: str = "kl"  # the distillation loss: see DISTILL_OBJECTIVES
     seed: int = 0
     device: str = "cpu"
     max_steps: Optional[int] = None  # also stop after this many steps (schedule by steps): runs that load can't change
@@ -85,16 +161,26 @@ def train_model(
     progress: bool = True,
     label: str = "model",
     init: Optional[GPT] = None,
+    data: Optional[DistillData] = None,
 ) -> tuple[GPT, dict]:
     """Return (trained model, log) after ``settings.seconds`` of training from a fixed seed.
 
     With ``init`` (a model of the same config), training starts from a copy of its weights instead of a
-    fresh initialisation; the optimiser and the learning-rate schedule still start anew.
+    fresh initialisation; the optimiser and the learning-rate schedule still start anew. With ``data``
+    (:func:`target_samples`), the batches are drawn from its windows and the teacher's log-probabilities
+    are read from it instead of being computed at every step (a teacher forward costs far more than a
+    small student's step), so no ``teacher`` is needed; validation is still on ``validation_data``.
     """
     from tqdm import tqdm  # plain text bars: tqdm.auto warns in notebooks without ipywidgets
 
-    if settings.distill_weight and teacher is None:
-        raise ValueError("distill_weight > 0 needs a teacher model")
+    if settings.objective not in DISTILL_OBJECTIVES:
+        raise ValueError(f"unknown distillation objective {settings.objective!r}: use one of "
+                         f"{', '.join(DISTILL_OBJECTIVES)}")
+    if settings.distill_weight and teacher is None and data is None:
+        raise ValueError("distill_weight > 0 needs a teacher model or distillation data")
+    if data is not None and data.tokens.shape[1] - 1 > config.context:
+        raise ValueError(f"distillation windows of {data.tokens.shape[1] - 1} positions exceed the context "
+                         f"of {config.context}")
     if teacher is not None and teacher.config.vocab_size != config.vocab_size:
         raise ValueError("teacher and student vocabularies differ")
     torch.manual_seed(settings.seed)  # parameter initialisation; batches use their own generator below
@@ -137,17 +223,24 @@ def train_model(
             1 + math.cos(math.pi * fraction))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(train_bytes) - config.context - 1, (settings.batch_size,), generator=batches)
-        batch = _windows(train_bytes, starts, config.context).to(device)
+        if data is None:
+            starts = torch.randint(0, len(train_bytes) - config.context - 1, (settings.batch_size,),
+                                   generator=batches)
+            batch = _windows(train_bytes, starts, config.context).to(device)
+        else:
+            chosen = torch.randint(0, len(data.tokens), (settings.batch_size,), generator=batches)
+            batch = data.tokens[chosen].to(device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
         logits = model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         train_bpb = loss.item() / math.log(2)
         if settings.distill_weight:
-            with torch.no_grad():
-                teacher_logprobs = F.log_softmax(teacher(inputs), dim=-1)
-            distill = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logprobs, log_target=True,
-                               reduction="batchmean") / config.context
+            if data is not None:
+                teacher_logprobs = data.teacher_logprobs[chosen].to(device)
+            else:
+                with torch.no_grad():
+                    teacher_logprobs = F.log_softmax(teacher(inputs), dim=-1)
+            distill = distill_loss(logits, teacher_logprobs, settings.objective)
             loss = (1 - settings.distill_weight) * loss + settings.distill_weight * distill
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,6 +257,7 @@ def train_model(
         "parameters": model.num_parameters(),
         "train": asdict(settings),
         "initialised_from_trained_weights": init is not None,
+        "distillation_data": data.description if data is not None else None,
         "steps": step,
         "tokens_seen": step * settings.batch_size * config.context,
         "final_validation_bpb": history[-1]["validation_bpb"],
@@ -264,3 +358,62 @@ def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: 
                target_seconds=seconds * 0.7, draft_seconds=seconds * 0.3, distill_weight=0.5, device=device,
                progress=False)
     return load_pair(folder, device=device, dtype=dtype)
+
+
+def parse_candidate(text: str) -> dict:
+    """Return a candidate draft from ``NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]`` (init: start from the
+    pair's own draft, which must have that shape), e.g. ``tv128=2x128:tv:240:init``."""
+    try:
+        name, spec = text.split("=", 1)
+        shape, objective, seconds, *rest = spec.split(":")
+        layers, width = (int(x) for x in shape.lower().split("x"))
+        seconds = float(seconds)
+    except ValueError:
+        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]") from None
+    if objective not in DISTILL_OBJECTIVES:
+        raise ValueError(f"candidate {name}: unknown objective {objective!r} (use {', '.join(DISTILL_OBJECTIVES)})")
+    if rest not in ([], ["init"]) or not name or layers < 1 or width < 1 or not seconds > 0:
+        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]")
+    return {"name": name, "n_layer": layers, "d_model": width, "n_head": max(1, width // 64),
+            "objective": objective, "seconds": seconds, "init": bool(rest)}
+
+
+def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_windows: int = 2048,
+                 text_windows: int = 2048, seed: int = defaults.TRAIN_SEED, device: str = "cpu",
+                 progress: bool = True, overwrite: bool = False) -> dict:
+    """Train each candidate draft (:func:`parse_candidate`) by distillation from ``pair``'s target and
+    save it under ``out/NAME`` (:func:`drafts.save_draft`); return {name: sha256}.
+
+    Every candidate distils on the same windows, made once: ``sampled_windows`` of the target's own
+    samples at temperature 1 after 32 bytes of training text, and ``text_windows`` of training text, with
+    the target's log-probabilities at every position. Each trains for its own seconds, pure distillation
+    (no cross-entropy term), from the pair's draft (``init``) or from a fresh initialisation.
+    """
+    from .corpus import load_corpus
+    from .drafts import save_draft
+
+    out = Path(out)
+    for c in candidates:
+        check_destination(out / c["name"], overwrite)
+    corpus = load_corpus()
+    context = pair.target.config.context
+    data = joined([target_samples(pair.target, corpus.train, sampled_windows, seed=seed, progress=progress),
+                   target_samples(pair.target, corpus.train, text_windows, prefix=context, seed=seed + 1,
+                                  progress=progress)])
+    digests = {}
+    for c in candidates:
+        config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
+                           n_head=c["n_head"], d_model=c["d_model"])
+        init = pair.draft if c["init"] else None
+        if init is not None and init.config != config:
+            raise ValueError(f"candidate {c['name']} starts from the pair's draft, whose shape "
+                             f"{init.config.n_layer}x{init.config.d_model} differs")
+        settings = TrainConfig(seconds=c["seconds"], distill_weight=1.0, objective=c["objective"], seed=seed + 2,
+                               device=device)
+        draft, log = train_model(config, corpus.train, corpus.validation, settings, progress=progress,
+                                 label=c["name"], init=init, data=data)
+        info = {"name": c["name"], "candidate": c, "train_log": log,
+                "trained_on": {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads()},
+                "initial_draft_sha256": pair.sha256 if c["init"] else None}
+        digests[c["name"]] = save_draft(out / c["name"], draft, pair, info, overwrite=overwrite)
+    return digests

@@ -1,0 +1,187 @@
+"""Which draft? Its price (a draft step c and a verification v, measured) and its agreement (alpha,
+computed exactly from full forwards), and candidate drafts saved beside the shipped target.
+
+Explained in: notebooks/07_cost_model (section "Which draft?").
+
+What a draft gains is set by three numbers: alpha, the acceptance rate of its tested drafts; c, a draft
+step in plain steps; and v(gamma), a verification over gamma + 1 positions in plain steps. This module
+measures the last two for drafts of any shape (a forward's cost does not depend on the weights, so a
+random model of the shape is timed) and computes the first for a trained draft on held-out contexts
+before any decoding run, so that drafts can be ranked by the cost model's predicted speedup
+(:func:`analysis.draft_ranking`). Measuring writes raw seconds and per-context rates; the figures come from
+:mod:`analysis`.
+
+A candidate draft is kept in a folder of its own (``draft.safetensors``, ``draft.json``, ``SHA256SUMS``),
+tied to the pair whose target it was distilled from by that pair's hash; :func:`with_draft` returns the pair
+with the draft swapped, under a hash of its own, for ``bench decode --draft``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import statistics
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .model import GPT, GPTConfig
+from .pair import Pair, _load_model, _weights, check_destination, sha256_file
+from .timing import environment, median_call_seconds
+from .transforms import SamplingConfig, logits_to_probs
+
+__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "measure_prices", "acceptance_from_forwards",
+           "decode_contexts"]
+DRAFT_FILES = ("draft.safetensors", "draft.json")
+
+
+def save_draft(folder: Path, draft: GPT, pair: Pair, info: dict, overwrite: bool = False) -> str:
+    """Write ``draft`` (distilled from ``pair``'s target) into ``folder`` with checksums; return its sha256."""
+    from safetensors.torch import save_file
+
+    destination = check_destination(folder, overwrite)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    staging.chmod(0o755)
+    try:
+        save_file(_weights(draft), str(staging / "draft.safetensors"))
+        record = dict(info, draft_config=draft.config.to_dict(), draft_parameters=draft.num_parameters(),
+                      target_pair_sha256=pair.sha256)
+        (staging / "draft.json").write_text(json.dumps(record, indent=2) + "\n")
+        sums = "".join(f"{sha256_file(staging / name)}  {name}\n" for name in DRAFT_FILES)
+        (staging / "SHA256SUMS").write_text(sums)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if destination.exists():
+        shutil.rmtree(destination)
+    staging.rename(destination)
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
+def load_draft(folder: Path, device="cpu", dtype=torch.float32) -> tuple[GPT, dict, str]:
+    """Return (draft, its draft.json, its sha256) from ``folder`` after verifying every checksum."""
+    folder = Path(folder)
+    sums_path = folder / "SHA256SUMS"
+    if not sums_path.is_file():
+        raise FileNotFoundError(f"no draft at {folder}: SHA256SUMS is missing")
+    expected = dict(reversed(line.split(maxsplit=1)) for line in sums_path.read_text().splitlines())
+    for name in DRAFT_FILES:
+        if name not in expected or not (folder / name).is_file():
+            raise FileNotFoundError(f"the draft in {folder} is missing {name} or its checksum")
+        if sha256_file(folder / name) != expected[name]:
+            raise ValueError(f"{name} in {folder} is corrupt: its sha256 does not match SHA256SUMS")
+    info = json.loads((folder / "draft.json").read_text())
+    draft = _load_model(folder / "draft.safetensors", GPTConfig(**info["draft_config"]), device, dtype)
+    return draft, info, hashlib.sha256(sums_path.read_bytes()).hexdigest()
+
+
+def with_draft(pair: Pair, folder: Path) -> Pair:
+    """Return ``pair`` with its draft replaced by the one in ``folder``, which must have been distilled from
+    this pair's target; the result's sha256 hashes both (the pair's and the draft's)."""
+    draft, info, digest = load_draft(folder, device=pair.target.device, dtype=pair.target.dtype)
+    if info["target_pair_sha256"] != pair.sha256:
+        raise ValueError(f"the draft in {folder} was distilled from pair {info['target_pair_sha256'][:12]}, "
+                         f"not from this pair ({pair.sha256[:12]})")
+    if draft.config.vocab_size != pair.target.config.vocab_size or draft.config.context < pair.target.config.context:
+        raise ValueError(f"the draft in {folder} does not fit the target's vocabulary and context")
+    combined = hashlib.sha256(f"{pair.sha256} {digest}".encode()).hexdigest()
+    return replace(pair, draft=draft, info=dict(pair.info, draft_config=draft.config.to_dict(),
+                                                  draft_from=str(folder), draft_sha256=digest), sha256=combined)
+
+
+@torch.no_grad()
+def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], rows: list[list[int]],
+                   position: int = 160, repeats: int = 5, seed: int = 0, progress: bool = True) -> dict:
+    """Return raw timings: the target's forward over each width (1 = a plain step's forward), and a
+    one-token forward of a random draft of each shape, all with the cache filled to ``position``.
+
+    Each round times every forward once (median of ``torch.utils.benchmark``'s blocked runs), in one
+    interleaved order, and ``repeats`` rounds are kept, so that drift hits every entry alike. Only the
+    forwards are timed: what a decoding step adds (sampling, the host read) is in ``bench``'s
+    calibration. ``rows`` are prompts (token ids); every model sees their first ``position`` positions.
+    """
+    from tqdm import tqdm
+
+    from .decode import prefill
+
+    if not widths or any(w < 1 for w in widths):
+        raise ValueError(f"widths must be integers >= 1, got {list(widths)}")
+    device = target.device
+    torch.manual_seed(seed)
+    drafts = {_shape_name(s): GPT(GPTConfig(vocab_size=target.config.vocab_size, context=target.config.context,
+                                            **s)).to(device=device, dtype=target.dtype).eval() for s in shapes}
+    held = [(list(r) * position)[:position] for r in rows]
+    span = position + max(widths)
+    if span > target.config.context:
+        raise ValueError(f"position {position} + width {max(widths)} exceeds the context of {target.config.context}")
+    start = torch.tensor([position - 1] * len(rows), device=device)
+    last = torch.tensor([[r[-1]] for r in held], device=device)
+
+    def timer(model, width):
+        cache = prefill(model, held, length=span)
+        tokens = last.repeat(1, width)
+        return lambda: median_call_seconds(lambda: model(tokens, start, cache, span=span, check=False),
+                                           min_run_time=0.1)
+
+    steps = {**{f"target_{w}": timer(target, w) for w in widths},
+             **{f"draft_{name}": timer(model, 1) for name, model in drafts.items()}}
+    rounds = {name: [] for name in steps}
+    for _ in tqdm(range(repeats), desc="prices", disable=not progress):
+        for name, step in steps.items():
+            rounds[name].append(step())
+    return {"rounds": rounds, "batch": len(rows), "position": position, "repeats": repeats,
+            "shapes": {name: {**s, "parameters": model.num_parameters()} for (name, model), s in
+                       zip(drafts.items(), shapes)},
+            "target_parameters": target.num_parameters(), "widths": list(widths),
+            "environment": environment(device)}
+
+
+def _shape_name(shape: dict) -> str:
+    return f"{shape['n_layer']}x{shape['d_model']}"
+
+
+@torch.no_grad()
+def decode_contexts(target: GPT, prompts: Sequence[bytes], new_tokens: int, config: SamplingConfig,
+                    seed: int = 0) -> torch.Tensor:
+    """Return (N, prompt + new_tokens) token ids: each prompt continued by the target under ``config``,
+    the contexts a draft meets when speculative decoding emits the target's text. Prompts must share
+    one length."""
+    from .decode import plain_decode
+
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("decode_contexts needs prompts of one length")
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    out = plain_decode(target, list(prompts), new_tokens, config, generator=generator)
+    return torch.tensor([list(p) + t for p, t in zip(prompts, out.tokens)], device=target.device)
+
+
+@torch.no_grad()
+def acceptance_from_forwards(target: GPT, draft: GPT, contexts: torch.Tensor, first: int,
+                             config: SamplingConfig, chunk: int = 16) -> list[float]:
+    """Return, per context, the mean over positions ``first`` .. end - 1 of the exact acceptance rate
+    sum_x min(p(x), q(x)) = 1 - TV(p, q) of the next token, from full forwards of both models.
+
+    p and q are the distributions actually sampled from (:func:`transforms.logits_to_probs` under
+    ``config``); when greedy both are one-hot and the rate is 1 where the arg-maxes agree, else 0.
+    Speculative decoding tests a draft at position t with probability min(1, p/q) given the context, so
+    this is the acceptance rate a decoding run measures, up to which positions it happens to test.
+    """
+    if not 1 <= first < contexts.shape[1]:
+        raise ValueError(f"first must be in [1, {contexts.shape[1]}), got {first}")
+    rates = []
+    for part in contexts.split(chunk):
+        inputs = part[:, :-1]
+        p = logits_to_probs(target(inputs)[:, first - 1:], config)  # (b, L, V)
+        q = logits_to_probs(draft(inputs)[:, first - 1:], config)
+        rates.extend(torch.minimum(p, q).sum(-1).double().mean(-1).tolist())
+    return rates
+
+
+def median_seconds(rounds: dict) -> dict:
+    """Return each entry's median over rounds (a helper of the analysis; kept beside the raw format)."""
+    return {name: statistics.median(times) for name, times in rounds.items()}
