@@ -49,6 +49,16 @@ _fraction = _parser(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 _top_p = _parser(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
+def _shape(text: str) -> dict:
+    layers, width = (int(x) for x in text.lower().split("x"))
+    if layers < 1 or width < 1:
+        raise ValueError(text)
+    return {"n_layer": layers, "d_model": width, "n_head": max(1, width // 64)}
+
+
+_shapes = _parser(_shape, bool, "comma-separated shapes LAYERSxWIDTH, e.g. 2x128,2x256", many=True)
+
+
 def _rules(text: str) -> list[str]:
     rules = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [r for r in rules if r not in ("token", "block")]
@@ -283,10 +293,106 @@ def _add_bench(commands, formatter) -> None:
     """The ``bench`` command and its benchmarks."""
     bench = commands.add_parser("bench", help="measure, side by side, and write a JSON record",
                                 formatter_class=formatter)
-    targets = bench.add_subparsers(dest="target", required=True, metavar="{sampler,decode,peer}", parser_class=_Parser)
+    targets = bench.add_subparsers(dest="target", required=True, parser_class=_Parser,
+                                   metavar="{sampler,decode,peer,prices,agreement,drafts}")
     _add_bench_sampler(targets, formatter)
     _add_bench_decode(targets, formatter)
     _add_bench_peer(targets, formatter)
+    _add_bench_drafts(targets, formatter)
+
+
+def _add_bench_drafts(targets, formatter) -> None:
+    """``bench prices``, ``bench agreement`` and ``bench drafts``: which draft."""
+    d, p = defaults.BENCH_DECODE, defaults.BENCH_PRICES
+    prices = targets.add_parser("prices", help="the forwards' price list: the target over 1-9 positions and random "
+                                "drafts of several shapes over one", formatter_class=formatter)
+    prices.add_argument("--shapes", type=_shapes, default=list(p["shapes"]), metavar="LxW[,LxW...]",
+                        help="draft shapes: layers x width (heads: width / 64)")
+    prices.add_argument("--widths", type=_ints, default=list(p["widths"]), metavar="W[,W...]",
+                        help="target widths: positions per forward (a verification of gamma drafts has gamma + 1)")
+    prices.add_argument("--repeats", type=_int, default=p["repeats"], help="interleaved rounds (medians kept)")
+    prices.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    prices.add_argument("--out", default=None, help="write the JSON record here, e.g. results/prices_cpu.json")
+    prices.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    prices.set_defaults(run=_run_bench_prices)
+    for name, what in (("agreement", "each draft's exact acceptance rate from full forwards on held-out contexts "
+                                     "(nothing timed)"),
+                       ("drafts", "plain decoding and each draft, side by side, in independent runs")):
+        race = targets.add_parser(name, help=what, formatter_class=formatter)
+        race.add_argument("--draft", action="append", default=[], metavar="FOLDER",
+                          help="a candidate draft's folder (python -m speculative train-draft); repeat for more; "
+                               "the pair's own draft always takes part, as 'shipped'")
+        race.add_argument("--temperature", type=_temperatures, default=[0.0, 1.0], metavar="T[,T...]",
+                          help="temperatures, 0 = greedy")
+        race.add_argument("--pair", default=None, help="folder of the pair (default: the shipped pair)")
+        race.add_argument("--out", default=None, help="write the JSON record here")
+        if name == "drafts":
+            race.add_argument("--gamma", type=_ints, default=[2, 4, 6], metavar="G[,G...]", help="draft lengths")
+            race.add_argument("--prompts", type=_int, default=d["prompts"], help="held-out prompts, batch 1")
+            race.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens per prompt")
+            race.add_argument("--repeats", type=_int, default=1, help="timed rounds per run")
+            race.add_argument("--runs", type=_int, default=3, help="independent runs, one after another")
+            race.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
+                              help="rounds of each draft's step calibration")
+            race.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        race.set_defaults(run=_run_bench_agreement if name == "agreement" else _run_bench_drafts)
+
+
+def _raced_drafts(args) -> tuple:
+    """The pair and {name: pair with that draft}: the shipped draft first, then each --draft folder."""
+    from pathlib import Path
+
+    from .drafts import with_draft
+    from .pair import load_pair
+
+    pair = load_pair(args.pair)
+    drafts = {"shipped": pair}
+    for folder in args.draft:
+        name = Path(folder).name
+        if name in drafts:
+            raise ValueError(f"two drafts are named {name!r}: give their folders different names")
+        drafts[name] = with_draft(pair, folder)
+    return pair, drafts
+
+
+def _run_bench_prices(args) -> int:
+    import torch
+
+    from .decode import encode_prompts
+    from .drafts import prices_record
+    from .pair import load_pair
+    from .report import format_prices_table
+
+    pair = load_pair(device=args.device, dtype=torch.float32)
+    record = prices_record(pair.target, args.shapes, args.widths, encode_prompts(pair.prompts[:1]),
+                           repeats=args.repeats, progress=not args.no_progress)
+    from .analysis import analyse
+
+    record["results"] = analyse(record)
+    return _write(record, format_prices_table, args.out)
+
+
+def _run_bench_agreement(args) -> int:
+    from .analysis import analyse
+    from .drafts import measure_agreement
+    from .report import format_agreement_table
+
+    pair, drafts = _raced_drafts(args)
+    record = measure_agreement(pair, drafts, args.temperature)
+    record["results"] = analyse(record)
+    return _write(record, format_agreement_table, args.out)
+
+
+def _run_bench_drafts(args) -> int:
+    from .bench import DecodeSettings, bench_drafts
+    from .report import format_drafts_table
+
+    pair, drafts = _raced_drafts(args)
+    settings = DecodeSettings(gammas=args.gamma, temperatures=args.temperature, batches=[1], prompts=args.prompts,
+                              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                              calibration_repeats=args.calibration_repeats)
+    record = bench_drafts(pair, drafts, settings, runs=args.runs, progress=not args.no_progress)
+    return _write(record, format_drafts_table, args.out)
 
 
 def _add_bench_sampler(targets, formatter) -> None:

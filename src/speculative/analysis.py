@@ -24,7 +24,8 @@ from .policy import expected_tokens, make_policy
 from .stats import measured_acceptance_rate
 
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
-           "repeat_share", "interpolated", "decode_variants", "length_prices", "compare_variants", "prompts_hash",
+           "repeat_share", "interpolated", "decode_variants", "price_cliffs", "draft_ranking",
+           "predicted_speedup", "compare_drafts", "mean_interval", "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
            "row_where", "across_records", "compare_rows", "split_runs"]
 
@@ -162,9 +163,10 @@ def tokens_hash(tokens: Sequence[int]) -> str:
 def analyse(record: dict) -> list[dict]:
     """Return the summary rows (a record's ``results``) recomputed from its observations."""
     by_benchmark = {"sampler": _sampler_results, "decode": _decode_results, "peer": _peer_results,
-                    "syncs": _syncs_results}
+                    "syncs": _syncs_results, "drafts": _drafts_results, "prices": _prices_results,
+                    "agreement": _agreement_results}
     if record.get("benchmark") not in by_benchmark:
-        raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected sampler, decode, peer or syncs")
+        raise ValueError(f"unknown benchmark {record.get('benchmark')!r}: expected one of {', '.join(by_benchmark)}")
     if "runs" in record:  # several independent runs: each analysed alone, then set side by side
         return _across_runs([analyse(run) for run in _each_run(record)])
     if "observations" not in record:
@@ -173,7 +175,7 @@ def analyse(record: dict) -> list[dict]:
 
 
 #: the fields that name a configuration in a summary row (the rest are its figures)
-CONFIGURATION = ("batch", "temperature", "gamma", "rule", "drafts", "k", "vocab", "policy", "hf_schedule")
+CONFIGURATION = ("draft", "batch", "temperature", "gamma", "rule", "drafts", "k", "vocab", "policy", "hf_schedule")
 
 
 def _each_run(record: dict) -> list[dict]:
@@ -642,3 +644,111 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     values = [r[figure] for r in runs]
     return {"runs": runs, "n": len(runs), "low": min(values), "high": max(values),
             "median": statistics.median(values), "left_out": left_out}
+
+
+# ---------------------------------------------------------------- which draft: prices, agreement, the race
+
+def _prices_results(record: dict) -> list[dict]:
+    """Per entry of a prices record: its median seconds, and its cost relative to the target's one-token
+    forward (v for a target width, c for a draft shape), as the ratio of medians and its range over the
+    rounds (each round's own ratio: the spread between rounds)."""
+    rounds = record["observations"]
+    plain = rounds["target_1"]
+    rows = []
+    for name, times in rounds.items():
+        kind, label = name.split("_", 1)
+        ratios = [t / p for t, p in zip(times, plain)]
+        row = {"kind": "verification" if kind == "target" else "draft", "seconds": statistics.median(times),
+               "relative": statistics.median(times) / statistics.median(plain),
+               "relative_range": [min(ratios), max(ratios)]}
+        if kind == "target":
+            row["width"] = int(label)
+        else:
+            row.update(shape=label, parameters=record["shapes"][label]["parameters"])
+        rows.append(row)
+    return rows
+
+
+def price_cliffs(record: dict) -> list[dict]:
+    """Return the pairs of target widths (narrow, wide) where the narrower forward costs more than the
+    wider one in every round: the cliffs a cost model should know (a width-w verification checks w - 1
+    drafts)."""
+    rounds = record["observations"]
+    widths = sorted(int(n.split("_")[1]) for n in rounds if n.startswith("target_"))
+    cliffs = []
+    for i, narrow in enumerate(widths):
+        for wide in widths[i + 1:]:
+            a, b = rounds[f"target_{narrow}"], rounds[f"target_{wide}"]
+            if all(x > y for x, y in zip(a, b)):
+                cliffs.append({"narrow": narrow, "wide": wide,
+                               "ratio": statistics.median(a) / statistics.median(b)})
+    return cliffs
+
+
+def mean_interval(values: Sequence[float], seed: int = 0) -> list[float]:
+    """Return a 95% percentile bootstrap interval of the mean of ``values`` (entries resampled)."""
+    return bootstrap_interval([list(values)], lambda x, axis=-1: np.mean(x, axis=axis), seed, vectorized=True)
+
+
+def _agreement_results(record: dict) -> list[dict]:
+    """Per draft and temperature: the mean exact acceptance rate over contexts, with a 95% bootstrap
+    interval over contexts (the context is the unit: positions within one are not independent)."""
+    rows = []
+    for o in record["observations"]:
+        rows.append({"draft": o["draft"], "temperature": o["temperature"], "contexts": len(o["rates"]),
+                     "alpha": statistics.fmean(o["rates"]), "alpha_ci95": mean_interval(o["rates"], seed=0)})
+    return rows
+
+
+def predicted_speedup(alpha: float, c: float, v: dict, gamma: int) -> float:
+    """The cost model's speedup at draft length ``gamma``: expected tokens per block over the block's cost,
+    expected_tokens(alpha, gamma) / (gamma c + v(gamma)), with c and v in plain steps (v keyed by gamma)."""
+    return expected_tokens(alpha, gamma) / (gamma * c + interpolated(v, gamma))
+
+
+def draft_ranking(agreement: dict, prices: dict, gammas: Sequence[int] = range(1, 9)) -> list[dict]:
+    """Rank each draft of an agreement record, per temperature, by the predicted speedup at its best gamma,
+    from its exact alpha (the agreement record) and the forwards' prices (c of its shape and v of width
+    gamma + 1, the prices record): a prediction from data no decoding run produced. The prices are the
+    forwards alone; a decoding loop adds its own work per step, so a run reaches less than this. Also
+    the prediction at the interval's ends of alpha."""
+    price = {(r["kind"], r.get("width", r.get("shape"))): r["relative"] for r in analyse(prices)}
+    v = {g: price[("verification", g + 1)] for g in gammas if ("verification", g + 1) in price}
+    rows = []
+    for row in analyse(agreement):
+        shape = "{n_layer}x{d_model}".format(**agreement["drafts"][row["draft"]]["draft_config"])
+        if ("draft", shape) not in price:
+            raise ValueError(f"the prices record has no draft of shape {shape} (draft {row['draft']!r})")
+        c = price[("draft", shape)]
+        by_gamma = {g: predicted_speedup(row["alpha"], c, v, g) for g in v}
+        best = max(by_gamma, key=by_gamma.get)
+        low, high = (predicted_speedup(a, c, v, best) for a in row["alpha_ci95"])
+        rows.append({**row, "shape": shape, "c": c, "best_gamma": best, "predicted": by_gamma[best],
+                     "predicted_ci95": [low, high], "predicted_by_gamma": by_gamma})
+    return sorted(rows, key=lambda r: (r["temperature"], -r["predicted"]))
+
+
+def _drafts_results(record: dict) -> list[dict]:
+    """One decode row (:func:`_decode_results`) per draft and point: each draft's observations with the
+    shared plain runs, its own calibration and forward costs; the row carries ``draft``."""
+    rows = []
+    for name in record["drafts"]:
+        own = {**record, "benchmark": "decode",
+               "calibrations": [c for c in record["calibrations"] if c["draft"] == name],
+               "forward_costs": [c for c in record["forward_costs"] if c["draft"] == name],
+               "observations": [o for o in record["observations"] if o["draft"] in (None, name)]}
+        rows.extend({"draft": name, **row} for row in _decode_results(own))
+    return rows
+
+
+def compare_drafts(record: dict, baseline: str, other: str, **fields) -> list[dict]:
+    """Return, for each run of a drafts record, ``other``'s speedup against ``baseline``'s at the point
+    ``fields`` (temperature, gamma; batch 1 unless given): the ratio of the baseline's speculative decode
+    seconds to the other's, summed over groups, with a 95% bootstrap interval paired over groups (same
+    prompts, same seeds, same plain runs), as :func:`compare_rows` gives it."""
+    fields = {"batch": 1, **fields}
+    out = []
+    for run in split_runs(record):
+        base, alt = row_where(run, draft=baseline, **fields), row_where(run, draft=other, **fields)
+        out.append(compare_rows(run, base, alt))
+    return out

@@ -30,7 +30,8 @@ from .sampler import draw_randomness, reference_rejection_sample, rejection_samp
 from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["SamplerSettings", "RunSettings", "DecodeSettings", "PeerSettings", "Decoder", "time_side_by_side",
-           "bench_sampler", "bench_decode", "bench_peer", "calibrate_steps", "split_policy", "race_public_pair"]
+           "bench_sampler", "bench_decode", "bench_drafts", "bench_peer", "calibrate_steps", "split_policy",
+           "race_public_pair"]
 
 
 def _positive_ints(name: str, values, allow_empty: bool = False) -> tuple:
@@ -494,6 +495,97 @@ class _DecodeRunner:
             rows = encode_prompts(prompts, self.pair.target.config.vocab_size)
             out["repeat_share"] = [repeat_share(row, prompt) for row, prompt in zip(result.tokens, rows)]
         return out
+
+
+# ---------------------------------------------------------------- drafts raced against each other
+
+def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, *, runs: int = 1,
+                 progress: bool = True, **overrides) -> dict:
+    """Return a record of plain decoding and speculative decoding with each of several drafts, side by
+    side in one run: every group of prompts is decoded by plain decoding, then by each draft at each
+    gamma, with the same seed, round after round.
+
+    ``drafts`` maps a name to a pair that shares ``pair``'s target (:func:`drafts.with_draft`; ``pair``
+    itself races under its own name if given). Each draft has its own calibration and forward costs, so
+    each gets its own prediction; the plain runs are shared. The record (benchmark ``"drafts"``) keeps
+    every observation with its ``draft`` (null for plain decoding), and ``runs`` independent runs, one
+    after another, in its ``runs`` list; :func:`analysis.analyse` gives one decode row per draft and
+    point, and :func:`analysis.compare_drafts` the paired ratio of two drafts' speedups.
+    """
+    from tqdm import tqdm
+
+    from .decode import encode_prompts
+    from .transforms import SamplingConfig
+
+    _positive_int("runs", runs)
+    s = _settings(DecodeSettings, settings, overrides)
+    if not drafts:
+        raise ValueError("bench_drafts needs at least one draft to race")
+    if s.rules != ("token",) or s.drafts != (1,) or "auto" in s.gammas:
+        raise ValueError("bench_drafts races drafts at fixed gammas under the token-wise rule, one chain")
+    for name, other in drafts.items():
+        if other.target is not pair.target:
+            raise ValueError(f"draft {name!r} is raced with another target: build it with drafts.with_draft(pair, ...)")
+        s.check_pair(other)
+    device, vocab = pair.target.device, pair.target.config.vocab_size
+    if device.type == "cuda":  # on CUDA timing each forward costs a sync per call, which would slow the runs
+        raise ValueError("bench_drafts times the forwards inside its runs, which is right on a CPU only")
+    variants = s.variants()
+    total = runs * sum(s.prompts // b for b in s.batches) * len(s.temperatures) * s.repeats \
+        * (1 + len(drafts) * len(variants))
+    bar = tqdm(total=total, desc="drafts race", disable=not progress, file=sys.stderr)
+    each = []
+    for _ in range(runs):
+        observations, calibrations, forward_costs = [], [], []
+        for batch in s.batches:
+            groups = [pair.prompts[i:i + batch] for i in range(0, s.prompts, batch)]
+            rows = encode_prompts(groups[0], vocab)
+            for name, other in drafts.items():
+                forward_costs.append({"batch": batch, "draft": name, "seconds": _forward_costs(other, rows, s.fixed)})
+            for temperature in s.temperatures:
+                config = SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
+                point = {"batch": batch, "temperature": config.temperature}
+                runners = {}
+                for name, other in drafts.items():
+                    raw = calibrate_steps(other, rows, s.fixed, config, s.max_new_tokens,
+                                          repeats=s.calibration_repeats, seed=s.seed)
+                    calibrations.append({**point, "rule": "token", "drafts": 1, "draft": name,
+                                         **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
+                    runners[name] = _DecodeRunner(other, s, config, {("token", 1): raw})
+                    runners[name].warm_up(groups[0])
+                for repeat in range(s.repeats):
+                    for index, group in enumerate(groups):
+                        labels = {**point, "repeat": repeat, "group": index}
+                        plain = next(iter(runners.values()))
+                        result = plain.run(group, None, s.seed + repeat, True)
+                        observations.append({**plain.observe(result, group, None, False, **labels), "draft": None})
+                        bar.update()
+                        for name, runner in runners.items():
+                            for variant in variants:
+                                result = runner.run(group, variant, s.seed + repeat, True)
+                                observations.append({**runner.observe(result, group, variant, repeat == 0, **labels),
+                                                     "draft": name})
+                                bar.update()
+        each.append({"environment": environment(device, probe=True), "calibrations": calibrations,
+                     "forward_costs": forward_costs, "observations": observations})
+    bar.close()
+    record = {
+        "schema": SCHEMA_VERSION, "benchmark": "drafts",
+        "what": "plain decoding and speculative decoding with each draft, side by side, same prompts and seeds; "
+                "decode phase, totals over repeats; each draft's prediction from its own calibration",
+        "pair_sha256": pair.sha256, "prompts_sha256": prompts_hash(pair.prompts),
+        "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
+                          "draft_parameters": other.draft.num_parameters(),
+                          "from": other.info.get("draft_from", "the pair's own draft")}
+                   for name, other in drafts.items()},
+        "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,
+                   "forward_times_from": "the timed runs", "dtype": str(pair.target.dtype), "runs": runs},
+    }
+    record.update(each[0] if runs == 1 else {"runs": each})
+    if runs == 1:
+        record["config"].pop("runs")
+    record["results"] = analyse(record)
+    return record
 
 
 # ---------------------------------------------------------------- this engine against transformers

@@ -35,6 +35,13 @@ AUTO_MAX_GAMMA = 8
 #: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'
 #: default assisted generation drafts up to 20).
 PEER_MAX_GAMMA = 20
+#: ``bench prices``: draft shapes timed (random weights: a forward's cost does not depend on them), the
+#: target's widths (positions per forward), interleaved rounds.
+BENCH_PRICES = {"shapes": ({"n_layer": 1, "d_model": 128, "n_head": 2}, {"n_layer": 2, "d_model": 128, "n_head": 2},
+                           {"n_layer": 2, "d_model": 192, "n_head": 3}, {"n_layer": 2, "d_model": 256, "n_head": 4},
+                           {"n_layer": 3, "d_model": 256, "n_head": 4}, {"n_layer": 4, "d_model": 256, "n_head": 4},
+                           {"n_layer": 2, "d_model": 384, "n_head": 6}),
+                "widths": tuple(range(1, 10)), "repeats": 7}
 #: ``bench sampler``: batch sizes, vocabularies, drafted tokens per row, timed repeats, seed.
 BENCH_SAMPLER = {"batches": (1, 64), "vocabs": (256, 32000), "k": 4, "repeats": 5, "seed": 0}
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import statistics
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from .timing import environment, median_call_seconds
 from .transforms import SamplingConfig, logits_to_probs
 
 __all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "measure_prices", "acceptance_from_forwards",
-           "decode_contexts"]
+           "decode_contexts", "measure_agreement", "prices_record", "shape_name"]
 DRAFT_FILES = ("draft.safetensors", "draft.json")
 
 
@@ -113,7 +112,7 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
         raise ValueError(f"widths must be integers >= 1, got {list(widths)}")
     device = target.device
     torch.manual_seed(seed)
-    drafts = {_shape_name(s): GPT(GPTConfig(vocab_size=target.config.vocab_size, context=target.config.context,
+    drafts = {shape_name(s): GPT(GPTConfig(vocab_size=target.config.vocab_size, context=target.config.context,
                                             **s)).to(device=device, dtype=target.dtype).eval() for s in shapes}
     held = [(list(r) * position)[:position] for r in rows]
     span = position + max(widths)
@@ -141,7 +140,7 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
             "environment": environment(device)}
 
 
-def _shape_name(shape: dict) -> str:
+def shape_name(shape: dict) -> str:
     return f"{shape['n_layer']}x{shape['d_model']}"
 
 
@@ -182,6 +181,58 @@ def acceptance_from_forwards(target: GPT, draft: GPT, contexts: torch.Tensor, fi
     return rates
 
 
-def median_seconds(rounds: dict) -> dict:
-    """Return each entry's median over rounds (a helper of the analysis; kept beside the raw format)."""
-    return {name: statistics.median(times) for name, times in rounds.items()}
+def measure_agreement(pair: Pair, drafts: dict, temperatures: Sequence[float] = (0.0, 1.0), contexts: int = 64,
+                      prefix: int = 32, new_tokens: int = 96, seed: int = 7) -> dict:
+    """Return a record (benchmark ``"agreement"``) of each draft's exact acceptance rate per held-out context.
+
+    For each temperature, ``contexts`` prompts of ``prefix`` bytes from the corpus's validation files
+    (line starts chosen by ``seed``) are continued by the target for ``new_tokens`` under that
+    temperature, once, and every draft is scored on the same contexts over the generated positions
+    (:func:`acceptance_from_forwards`). ``drafts`` maps a name to a pair sharing ``pair``'s target.
+    Nothing is timed; the figures come from :func:`analysis.analyse`.
+    """
+    from .analysis import tokens_hash
+    from .corpus import load_corpus
+    from .records import SCHEMA_VERSION
+    from .train import make_prompts
+
+    prompts = make_prompts(load_corpus().validation, count=contexts, length=prefix, seed=seed)
+    observations = []
+    for temperature in temperatures:
+        config = SamplingConfig(temperature=temperature)
+        made = decode_contexts(pair.target, prompts, new_tokens, config, seed=seed)
+        for name, other in drafts.items():
+            if other.target is not pair.target:
+                raise ValueError(f"draft {name!r} comes with another target: build it with with_draft(pair, ...)")
+            observations.append({"draft": name, "temperature": config.temperature,
+                                 "contexts_sha256": tokens_hash(made.flatten().tolist()),
+                                 "rates": acceptance_from_forwards(pair.target, other.draft, made, prefix, config)})
+    return {
+        "schema": SCHEMA_VERSION, "benchmark": "agreement",
+        "what": "each draft's exact acceptance rate sum min(p, q) = 1 - TV from full forwards of both models, per "
+                "held-out context, averaged over the positions the target generated; nothing timed",
+        "environment": environment(pair.target.device), "pair_sha256": pair.sha256,
+        "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
+                          "draft_parameters": other.draft.num_parameters(),
+                          "from": other.info.get("draft_from", "the pair's own draft")}
+                   for name, other in drafts.items()},
+        "config": {"temperatures": [float(t) for t in temperatures], "contexts": contexts, "prefix": prefix,
+                   "new_tokens": new_tokens, "seed": seed, "dtype": str(pair.target.dtype)},
+        "observations": observations,
+    }
+
+
+def prices_record(target: GPT, shapes: Sequence[dict], widths: Sequence[int], rows: list[list[int]],
+                  repeats: int = 5, progress: bool = True) -> dict:
+    """Return a record (benchmark ``"prices"``) of :func:`measure_prices`: raw rounds, no figures."""
+    from .records import SCHEMA_VERSION
+
+    raw = measure_prices(target, shapes, widths, rows, repeats=repeats, progress=progress)
+    return {"schema": SCHEMA_VERSION, "benchmark": "prices",
+            "what": "forwards timed alone, interleaved, in rounds: the target over 1..9 positions and a random "
+                    "draft of each shape over one, with the cache filled to the same position",
+            "environment": raw.pop("environment"),
+            "config": {"shapes": list(shapes), "widths": list(widths), "batch": raw["batch"],
+                       "position": raw["position"], "repeats": repeats, "dtype": str(target.dtype)},
+            "target_parameters": raw["target_parameters"], "shapes": raw["shapes"],
+            "observations": raw["rounds"]}

@@ -8,10 +8,12 @@ computes a figure of its own.
 
 from __future__ import annotations
 
+import statistics
 from typing import Optional
 
 __all__ = ["describe_machine", "ratio_bound", "format_sampler_table", "format_decode_table", "format_peer_table",
-           "format_runs_table", "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
+           "format_runs_table", "format_prices_table", "format_agreement_table", "format_drafts_table",
+           "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
 
 
 def describe_machine(environment: dict) -> str:
@@ -171,3 +173,44 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
              f"{describe_machine(env)}."]
     return _table(headers, rows, notes, markdown)
 
+
+
+def format_prices_table(record: dict, markdown: bool = False) -> str:
+    """Return a prices record as a table: each forward's median milliseconds and its cost relative to the
+    target's one-token forward, with that ratio's range over the rounds."""
+    rows = []
+    for row in record["results"]:
+        what = f"target, {row['width']} positions" if row["kind"] == "verification" else \
+            f"draft {row['shape']} ({row['parameters'] / 1e6:.2f} M)"
+        low, high = row["relative_range"]
+        rows.append([what, f"{row['seconds'] * 1e3:.3f}", f"{row['relative']:.3f}", f"{low:.3f}-{high:.3f}"])
+    notes = [f"measured on {describe_machine(record['environment'])}; {record['config']['repeats']} interleaved "
+             f"rounds; cache filled to position {record['config']['position']}",
+             "relative: median over rounds / the target's one-position forward (v for a width, c for a draft)"]
+    return _table(["forward", "ms", "relative", "range over rounds"], rows, notes, markdown)
+
+
+def format_agreement_table(record: dict, markdown: bool = False) -> str:
+    """Return an agreement record as a table: each draft's exact acceptance rate per temperature."""
+    rows = [[row["draft"], f"{row['temperature']:g}", str(row["contexts"]), f"{row['alpha']:.3f}",
+             f"{row['alpha_ci95'][0]:.3f}-{row['alpha_ci95'][1]:.3f}"] for row in record["results"]]
+    notes = [f"computed on {describe_machine(record['environment'])}; pair {record['pair_sha256'][:12]}",
+             "alpha: sum min(p, q) from full forwards, mean over the generated positions of each context, then over "
+             "contexts; 95% bootstrap interval over contexts"]
+    return _table(["draft", "T", "contexts", "alpha", "95% interval"], rows, notes, markdown)
+
+
+def format_drafts_table(record: dict, markdown: bool = False) -> str:
+    """Return a drafts race as a table: one line per draft and point, each run's speedup."""
+    rows = []
+    for row in record["results"]:
+        runs = row.get("runs", [row])
+        speedups = " ".join(f"{r['speedup']:.2f}" for r in runs)
+        rows.append([row["draft"], f"{row['temperature']:g}", str(row["gamma"]),
+                     f"{statistics.median(r['alpha'] for r in runs):.3f}", speedups,
+                     f"{statistics.median(r['predicted'] for r in runs):.2f}",
+                     f"{statistics.median(r['efficiency'] for r in runs):.2f}"])
+    notes = [f"pair {record['pair_sha256'][:12]}; {record['config']['prompts']} prompts, "
+             f"{record['config']['max_new_tokens']} new tokens; speedup of each run over plain decoding; "
+             "alpha, prediction and efficiency: the median over runs"]
+    return _table(["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."], rows, notes, markdown)
