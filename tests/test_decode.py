@@ -246,3 +246,42 @@ def test_multi_draft_decoding_refuses_bad_input(pair):
                            rule="block")
     with pytest.raises(ValueError, match="unknown verification rule"):
         speculative_decode(pair.target, pair.draft, [pair.prompts[0]], 8, 2, rule="tree")
+
+
+@pytest.mark.parametrize("policy", ["fixed", "confidence"])
+def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair, policy):
+    """Greedily the loop compares arg-maxes (sampler.greedy_verify) instead of running the rejection sampler on
+    one-hot p and q; passing the sampler explicitly takes the long way. Tokens and every block's accepted
+    count must agree, shared blocks and per-row lengths alike, on rows of different prompts."""
+    from speculative.policy import make_policy
+    from speculative.sampler import rejection_sample
+
+    greedy = SamplingConfig(temperature=0.0)
+    prompts = [p[:40] for p in law_pair.prompts[:3]]
+    for per_row in (False, True):
+        runs = []
+        for sampler in (None, rejection_sample):
+            gamma = 4 if policy == "fixed" else make_policy("confidence", max_gamma=6)
+            runs.append(speculative_decode(law_pair.target, law_pair.draft, prompts, 24, gamma, greedy,
+                                           sampler=sampler, per_row=per_row))
+        fast, slow = runs
+        assert fast.tokens == slow.tokens
+        assert [a.tolist() for a in fast.accepted] == [a.tolist() for a in slow.accepted]
+        assert fast.tokens == plain_decode(law_pair.target, prompts, 24, greedy).tokens
+
+
+def test_greedy_verify_is_the_rejection_sampler_on_one_hots():
+    from speculative.sampler import greedy_verify, rejection_sample
+
+    generator = torch.Generator().manual_seed(0)
+    batch, k, vocab = 64, 5, 4  # a small vocabulary, so that drafts often match
+    drafts = torch.randint(0, vocab, (batch, k), generator=generator)
+    choice = torch.randint(0, vocab, (batch, k + 1), generator=generator)
+    lengths = torch.randint(1, k + 1, (batch,), generator=generator)
+    one_hot = torch.nn.functional.one_hot
+    for own in (None, lengths):
+        fast = greedy_verify(drafts, choice, own)
+        slow = rejection_sample(drafts, one_hot(drafts, vocab).float(), one_hot(choice, vocab).float(), generator,
+                                lengths=own)
+        assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.num_accepted, slow.num_accepted)
+    assert 0 < int(fast.num_accepted.sum()) < batch * k  # some blocks stop early, some accept drafts

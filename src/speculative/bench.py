@@ -184,8 +184,8 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     repeated alone). ``rule`` is the verification rule whose sampler the verification step runs. The
     raw rounds are returned too (``rounds``), and the costs come from :func:`analysis.calibration_costs`.
     """
-    from .decode import _sample, prefill
-    from .sampler import rule_sampler
+    from .decode import _next_token, prefill
+    from .sampler import greedy_verify, rule_sampler
     from .transforms import logits_problem, logits_to_probs
 
     device = pair.target.device
@@ -200,6 +200,7 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
     vocab = pair.target.config.vocab_size
     sampler = rule_sampler(rule)
+    fast_greedy = config.greedy and rule == "token"
 
     def single(name):
         model, cache = getattr(pair, name), caches[name]
@@ -207,7 +208,7 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
         def step():
             logits = model(last, start, cache, span=span, check=False)[:, -1]
             logits_problem(logits)
-            _sample(logits_to_probs(logits, config, check=False), generator)
+            _next_token(logits, config, generator)
         return step
 
     def verify(gamma):
@@ -217,8 +218,11 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
         def step():
             logits = pair.target(tokens, start, caches["target"], span=span, check=False)
             problem = logits_problem(logits)
-            out = sampler(tokens[:, 1:], draft_probs, logits_to_probs(logits, config, check=False),
-                          generator, check_values=False)
+            if fast_greedy:  # as the loop verifies greedily under the token-wise rule
+                out = greedy_verify(tokens[:, 1:], logits.argmax(dim=-1))
+            else:
+                out = sampler(tokens[:, 1:], draft_probs, logits_to_probs(logits, config, check=False),
+                              generator, check_values=False)
             torch.stack([out.num_accepted.sum(), problem.long()]).tolist()  # the block's host read
         return step
 

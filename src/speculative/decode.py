@@ -41,7 +41,7 @@ import torch
 
 from .model import GPT, KVCache
 from .policy import DraftPolicy, FixedLength
-from .sampler import categorical, rejection_sample, rule_sampler
+from .sampler import categorical, greedy_verify, rejection_sample, rule_sampler
 from .timing import NO_CLOCK, Clock
 from .transforms import SamplingConfig, logits_problem, logits_to_probs, refuse_penalty
 
@@ -153,6 +153,14 @@ def prefill(model: GPT, rows: list[list[int]], length: int) -> KVCache:
     return cache.select(torch.tensor([slot[tuple(p)] for p in rows], device=device))
 
 
+def _next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+    """Return one token per row of ``logits`` (B, V) sampled under ``config``: greedily the arg-max itself
+    (the one-hot's only token, with no distribution built and no uniform drawn), else by inverse CDF."""
+    if config.greedy:
+        return logits.argmax(dim=-1)
+    return _sample(logits_to_probs(logits, config, check=False), generator)
+
+
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Return one token per row of ``probs`` (B, V), by inverse-CDF sampling (no host read, never NaN)."""
     uniform = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
@@ -206,7 +214,7 @@ def plain_decode(model: GPT, prompts: Sequence[Prompt], max_new_tokens: int,
         start = len(rows[0]) - 1 + step if shared else lengths - 1 + step
         logits = call(last.unsqueeze(1), start, cache, span=longest + step, check=False)[:, -1]  # (B, V)
         problem |= logits_problem(logits)
-        last = _sample(logits_to_probs(logits, config, check=False), generator)
+        last = _next_token(logits, config, generator)
         generated.append(last)
     _raise_if(bool(problem))
     tokens = torch.stack(generated, 1).tolist()
@@ -255,6 +263,9 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     row has stopped).
     """
     policy = _as_policy(gamma)
+    # greedily, with the token-wise rule, p and q are one-hot: compare arg-maxes (sampler.greedy_verify,
+    # the same outcome as rejection_sample on the one-hots) instead of building distributions
+    fast_greedy = config.greedy and sampler is None and rule == "token"
     sampler = _verifier(sampler, rule, per_row)
     _check_pair(target, draft)
     refuse_penalty(config)
@@ -309,7 +320,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         unseen = torch.stack([sequence[origin, first], sequence[origin, first + 1]], 1)  # (R, 2)
         drafts, draft_probs, row_gamma, draft_problem = _draft_block(
             draft_call, draft_cache, unseen, first, behind, at, active, row_gamma, block_gamma, span, policy,
-            config, generator)  # (R, k), (R, k, V), (R,), ()
+            config, generator, keep_probs=not fast_greedy)  # (R, k), (R, k, V) or None, (R,), ()
         block_gamma = drafts.shape[1]  # k: fewer than planned when every row stopped early
         draft_forwards += block_gamma  # one forward per draft (the first also feeds the unseen tokens)
         if not per_row:  # shared: every row verifies every draft
@@ -322,9 +333,12 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         target_forwards += 1
         # 3. accept a prefix of each row's drafts and add the correction or bonus token; the inputs were
         # made here, so the sampler's value checks (each a host read) are off
-        target_probs = logits_to_probs(target_logits, config, check=False)  # (R, k+1, V)
-        out = sampler(drafts, draft_probs, target_probs, generator, check_values=False,
-                      **({"lengths": row_gamma} if per_row else {}))
+        if fast_greedy:
+            out = greedy_verify(drafts, target_logits.argmax(dim=-1), row_gamma if per_row else None)
+        else:
+            target_probs = logits_to_probs(target_logits, config, check=False)  # (R, k+1, V)
+            out = sampler(drafts, draft_probs, target_probs, generator, check_values=False,
+                          **({"lengths": row_gamma} if per_row else {}))
         num_accepted, emitted = out.num_accepted.to(device), out.tokens.to(device)  # (R,), (R, k+1)
         outcome = torch.stack([active.long(), num_accepted, (num_accepted == row_gamma).long()])  # (3, R)
         accepted_log.append(_in_batch(torch.where(active, num_accepted, -1), origin, batch))  # (B,)
@@ -399,9 +413,10 @@ def _plan(policy: DraftPolicy, states: list, origin_host: list, active_host: lis
 
 def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor, behind: torch.Tensor,
                  at: torch.Tensor, active: torch.Tensor, row_gamma: torch.Tensor, block_gamma: int, span: int,
-                 policy: DraftPolicy, config: SamplingConfig, generator: torch.Generator):
-    """Return up to ``block_gamma`` drafts per row (R, k), the q each was sampled from (R, k, V), each row's
-    length after its confidence stops (R,), and whether any draft logits were bad.
+                 policy: DraftPolicy, config: SamplingConfig, generator: torch.Generator, keep_probs: bool = True):
+    """Return up to ``block_gamma`` drafts per row (R, k), the q each was sampled from (R, k, V; None
+    unless ``keep_probs``), each row's length after its confidence stops (R,), and whether any draft
+    logits were bad. Greedily without ``keep_probs`` a draft is the arg-max itself, no q built.
 
     ``unseen`` (R, 2) are the tokens from position ``first`` on, of which the draft has not fed the last
     ``behind``; drafting stops early, at k < block_gamma, only when every decoding row has stopped."""
@@ -411,10 +426,13 @@ def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor
     confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
     drafts, draft_probs = [], []
     for i in range(block_gamma):
-        probs = logits_to_probs(draft_logits, config, check=False)  # (R, V)
-        token = _sample(probs, generator)  # (R,)
+        if keep_probs or not config.greedy:
+            probs = logits_to_probs(draft_logits, config, check=False)  # (R, V)
+            token = _sample(probs, generator)  # (R,)
+            draft_probs.append(probs)
+        else:
+            token = draft_logits.argmax(dim=-1)  # (R,): the one-hot q's token
         drafts.append(token)
-        draft_probs.append(probs)
         if confident:  # stop right after a token the draft was unsure of
             # its probability under q; when decoding greedily q is one-hot, so (as transformers does)
             # under the draft's softmax at temperature 1
@@ -426,7 +444,7 @@ def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor
         if i + 1 < block_gamma:
             draft_logits = call(token.unsqueeze(1), at + i, cache, span=span, check=False)[:, -1]  # (R, V)
             problem |= logits_problem(draft_logits)
-    return torch.stack(drafts, 1), torch.stack(draft_probs, 1), row_gamma, problem
+    return torch.stack(drafts, 1), torch.stack(draft_probs, 1) if draft_probs else None, row_gamma, problem
 
 
 def _in_batch(values: torch.Tensor, origin: torch.Tensor, batch: int) -> torch.Tensor:

@@ -49,7 +49,8 @@ import torch
 
 from .exact import SCHEMES
 
-__all__ = ["sum_tolerance", "categorical", "SamplerOutput", "Randomness", "draw_randomness", "rejection_sample",
+__all__ = ["sum_tolerance", "categorical", "greedy_verify", "SamplerOutput", "Randomness", "draw_randomness",
+           "rejection_sample",
            "reference_rejection_sample", "block_verify_sample", "RULES", "rule_sampler", "draw_candidates",
            "MultiDraftOutput", "multi_draft_sample"]
 
@@ -182,6 +183,29 @@ def _emit(tokens: torch.Tensor, num_accepted: torch.Tensor, final: torch.Tensor)
     out = torch.where(positions < num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
     out.scatter_(1, num_accepted.unsqueeze(1), final.unsqueeze(1))
     return SamplerOutput(tokens=out, num_accepted=num_accepted, num_emitted=num_accepted + 1)
+
+
+def greedy_verify(draft_tokens: torch.Tensor, target_choice: torch.Tensor,
+                  lengths: Optional[torch.Tensor] = None) -> SamplerOutput:
+    """Return what :func:`rejection_sample` returns when both p and q are one-hot (greedy decoding), from
+    the target's arg-max at each of the k + 1 positions ``target_choice`` (B, k+1), without building a
+    distribution or drawing a uniform.
+
+    With one-hot p and q a draft is accepted exactly when it is the target's arg-max (u q(x) < p(x) is
+    u < 1 or u < 0), the residual max(p - q, 0) at the first mismatch is the one-hot of the target's
+    arg-max, and so is the bonus token: the accepted prefix is the run of leading matches, and every
+    emitted token is the target's arg-max at its position. ``lengths`` as in :func:`rejection_sample`.
+    Reads nothing back to the host.
+    """
+    batch, k = draft_tokens.shape
+    if tuple(target_choice.shape) != (batch, k + 1):
+        raise ValueError(f"target_choice has shape {tuple(target_choice.shape)}; expected ({batch}, {k + 1})")
+    match = draft_tokens.long() == target_choice[:, :k]  # (B, k)
+    if lengths is not None:
+        match &= torch.arange(k, device=match.device) < lengths.unsqueeze(1)
+    num_accepted = match.long().cumprod(dim=-1).sum(dim=-1)  # (B,)
+    final = target_choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # (B,)
+    return _emit(draft_tokens.long(), num_accepted, final)
 
 
 def rejection_sample(
