@@ -43,7 +43,7 @@ def test_the_kl_losses_are_the_textbook_ones_and_zero_at_the_teacher():
 
 @pytest.mark.parametrize("text, problem", [("a=2x128:tv", "is not"), ("a=2x128:jsd:10", "unknown objective"),
                                            ("a=2x128:tv:10:warm", "is not"), ("=2x128:tv:10", "is not"),
-                                           ("a=2x128:tv:-1", "is not")])
+                                           ("a=2x128:tv:-1", "is not"), ("a=2x128:tv:9:from=", "is not")])
 def test_a_bad_candidate_is_refused_in_one_line(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_candidate(text)
@@ -119,6 +119,11 @@ def test_train_drafts_distils_candidates_that_load_beside_their_pair(tmp_path):
         assert swapped.draft.config.d_model == candidates[name == "wide"]["d_model"]
     with pytest.raises(ValueError, match="differs"):
         train_drafts(pair, tmp_path / "bad", [parse_candidate("x=1x32:tv:1:init")], 4, 4, progress=False)
+    # a candidate may start from another candidate
+    again = parse_candidate(f"more=1x32:tv:1:from={tmp_path / 'out' / 'wide'}")
+    train_drafts(pair, tmp_path / "next", [again], 4, 4, progress=False)
+    info = json.loads((tmp_path / "next" / "more" / "draft.json").read_text())
+    assert info["initial_draft_sha256"] == digests["wide"] and info["train_log"]["initialised_from_trained_weights"]
 
 
 def _prices(rounds: dict) -> dict:
@@ -174,9 +179,16 @@ def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_th
     assert {(r["draft"], r["temperature"]) for r in agreement["results"]} == {
         (d, t) for d in drafts for t in (0.0, 1.0)}
     assert all(0 <= r["alpha"] <= 1 and r["contexts"] == 4 for r in agreement["results"])
-    race = bench_drafts(pair, drafts, gammas=(2,), temperatures=(1.0,), batches=(1,), prompts=2, max_new_tokens=6,
-                        repeats=1, calibration_repeats=1, runs=2, progress=False)
-    assert [(r["draft"], r["gamma"], len(r["runs"])) for r in race["results"]] == [("shipped", 2, 2), ("wide", 2, 2)]
+    race = bench_drafts(pair, drafts, gammas=(2,), temperatures=(0.0, 1.0), batches=(1,), prompts=2,
+                        max_new_tokens=6, repeats=1, calibration_repeats=1, runs=2, progress=False, profile=True)
+    assert [(r["draft"], r["temperature"], len(r["runs"])) for r in race["results"]] == [
+        ("shipped", 0.0, 2), ("shipped", 1.0, 2), ("wide", 0.0, 2), ("wide", 1.0, 2)]
+    # each run profiles the first draft's block: greedily on both paths, sampled on the one
+    profiles = race["runs"][0]["profiles"]
+    assert [(p["temperature"], p["fast_greedy"]) for p in profiles] == [(0.0, True), (0.0, False), (1.0, False)]
+    for figures in map(analysis.block_profile, profiles):
+        assert 0 < figures["parts_outside_forwards"] < 1 and 0 < figures["runs_outside_forwards"] < 1
+        assert sum(figures["share"].values()) == pytest.approx(1)
     compared = analysis.compare_drafts(race, "shipped", "wide", temperature=1.0, gamma=2)
     assert len(compared) == 2 and all(math.isfinite(c["speedup_ratio"]) for c in compared)
     for record in (agreement, race):

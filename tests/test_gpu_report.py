@@ -31,15 +31,16 @@ def report(tmp_path_factory):
 
 def test_every_cpu_step_writes_a_record_that_reanalyses_to_its_summary(report):
     out, outcome, lines = report
-    assert sorted(p.name for p in out.glob("*.json")) == ["decode_cpu_smoke.json", "sampler_cpu_smoke.json",
-                                                          "syncs_cpu_smoke.json"]
+    assert sorted(p.name for p in out.glob("*.json")) == ["decode_cpu_smoke.json", "prices_cpu_smoke.json",
+                                                          "sampler_cpu_smoke.json", "syncs_cpu_smoke.json"]
     for path in out.glob("*.json"):
         record = json.loads(path.read_text())
         assert record["schema"] == SCHEMA_VERSION and record["observations"], path.name
         again = json.loads(json.dumps(analysis.analyse(record)))  # as it reads back from JSON (NaN included)
         assert json.dumps(again, sort_keys=True) == json.dumps(record["results"], sort_keys=True), path.name
         assert record["environment"]["host_probe"]["softmax_ms"] > 0
-    assert [line.split(":")[0] for line in lines] == ["sampler", "decode", "syncs", "public", "gpu-report"]
+    assert [line.split(":")[0] for line in lines] == ["sampler", "decode", "syncs", "prices", "public",
+                                                        "gpu-report"]
 
 
 def test_the_public_pair_is_skipped_in_one_line_when_it_is_not_on_disk(report):

@@ -335,6 +335,8 @@ def _add_bench_drafts(targets, formatter) -> None:
             race.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
                               help="rounds of each draft's step calibration")
             race.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+            race.add_argument("--no-profile", action="store_true",
+                              help="skip the profile of a block that ends each run (bench.profile_block)")
         race.set_defaults(run=_run_bench_agreement if name == "agreement" else _run_bench_drafts)
 
 
@@ -391,7 +393,8 @@ def _run_bench_drafts(args) -> int:
     settings = DecodeSettings(gammas=args.gamma, temperatures=args.temperature, batches=[1], prompts=args.prompts,
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                               calibration_repeats=args.calibration_repeats)
-    record = bench_drafts(pair, drafts, settings, runs=args.runs, progress=not args.no_progress)
+    record = bench_drafts(pair, drafts, settings, runs=args.runs, progress=not args.no_progress,
+                          profile=not args.no_profile)
     return _write(record, format_drafts_table, args.out)
 
 

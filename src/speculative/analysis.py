@@ -25,7 +25,8 @@ from .stats import measured_acceptance_rate
 
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
            "repeat_share", "interpolated", "decode_variants", "price_cliffs", "draft_ranking",
-           "predicted_speedup", "compare_drafts", "mean_interval", "length_prices", "compare_variants", "prompts_hash",
+           "predicted_speedup", "compare_drafts", "mean_interval", "block_profile",
+           "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
            "row_where", "across_records", "compare_rows", "split_runs"]
 
@@ -752,3 +753,17 @@ def compare_drafts(record: dict, baseline: str, other: str, **fields) -> list[di
         base, alt = row_where(run, draft=baseline, **fields), row_where(run, draft=other, **fields)
         out.append(compare_rows(run, base, alt))
     return out
+
+
+def block_profile(profile: dict) -> dict:
+    """Return a block profile's figures (:func:`bench.profile_block`): each part's median seconds and its
+    share of the parts' sum, the share of the parts outside the forwards, and, from the whole decoding
+    runs, the share of decode time spent outside the forwards (median over runs, with its range)."""
+    medians = {name: statistics.median(times) for name, times in profile["rounds"].items()}
+    total = sum(medians.values())
+    forwards = medians["draft_forwards"] + medians["target_forward"]
+    outside_runs = [1 - r["forward_seconds"] / r["decode_seconds"] for r in profile["runs"]]
+    return {"seconds": medians, "share": {name: t / total for name, t in medians.items()},
+            "parts_outside_forwards": 1 - forwards / total,
+            "runs_outside_forwards": statistics.median(outside_runs),
+            "runs_outside_forwards_range": [min(outside_runs), max(outside_runs)]}

@@ -31,7 +31,7 @@ from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["SamplerSettings", "RunSettings", "DecodeSettings", "PeerSettings", "Decoder", "time_side_by_side",
            "bench_sampler", "bench_decode", "bench_drafts", "bench_peer", "calibrate_steps", "split_policy",
-           "race_public_pair"]
+           "race_public_pair", "profile_block"]
 
 
 def _positive_ints(name: str, values, allow_empty: bool = False) -> tuple:
@@ -243,6 +243,103 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
             rounds[name].append(median_call_seconds(step, min_run_time=0.2))
     seconds = {name: statistics.median(times) for name, times in rounds.items()}
     return calibration_costs({"seconds": seconds, "rounds": rounds, "repeats": repeats})
+
+
+@torch.no_grad()
+def profile_block(pair, rows: list[list[int]], gamma: int, config, max_new_tokens: int = 128,
+                  repeats: int = 5, seed: int = 0, fast_greedy: bool = True) -> dict:
+    """Return where a speculative block's time goes: raw median seconds of its parts, each timed alone,
+    and of whole decoding runs with their forwards timed inside them.
+
+    The parts, as ``decode.speculative_decode`` runs them at a fixed ``gamma`` on ``rows`` (token ids):
+    ``draft_forwards`` (gamma one-token draft forwards), ``draft_sampling`` (gamma times
+    ``logits_to_probs`` and a sample, or greedily the arg-max), ``target_forward`` (gamma + 1 positions),
+    ``verification`` (the NaN check, ``logits_to_probs`` and the sampler, or greedily
+    ``sampler.greedy_verify``), ``bookkeeping`` (the block's gathers, writes and position updates) and
+    ``host_read`` (the block's one read back). Each round times every part once, interleaved; the
+    medians over ``repeats`` rounds are kept. ``runs`` holds ``repeats`` whole decoding calls of
+    ``max_new_tokens`` (decode seconds, seconds inside forwards, blocks): their share outside the
+    forwards is what the parts beyond the forwards add up to, in the loop as it runs. With
+    ``fast_greedy=False`` a greedy block is profiled as it ran before the greedy fast path: one-hot
+    distributions built, sampled and verified by ``sampler.rejection_sample`` (the loop takes that path
+    when the sampler is passed explicitly).
+    """
+    from .decode import _next_token, _read, _sample, prefill, speculative_decode
+    from .sampler import greedy_verify, rejection_sample
+    from .transforms import logits_problem, logits_to_probs
+
+    device = pair.target.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    middle = max_new_tokens // 2
+    span = max(len(r) for r in rows) + middle + gamma + 1
+    held = [r + r[-1:] * middle for r in rows]
+    caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
+    start = torch.tensor([len(r) - 1 for r in held], device=device)
+    last = torch.tensor([[r[-1]] for r in held], device=device)
+    drafts = last.repeat(1, gamma)
+    draft_logits = pair.draft(last, start, caches["draft"], span=span, check=False)[:, -1]
+    target_logits = pair.target(last.repeat(1, gamma + 1), start, caches["target"], span=span, check=False)
+    draft_probs = logits_to_probs(draft_logits, config, check=False).unsqueeze(1).repeat(1, gamma, 1)
+    sequence = torch.zeros(len(rows), span + 1, dtype=torch.long, device=device)
+    ends, active = start + 1, torch.ones(len(rows), dtype=torch.bool, device=device)
+    origin = torch.arange(len(rows), device=device)
+
+    def draft_forwards():
+        for i in range(gamma):
+            pair.draft(last, start + i, caches["draft"], span=span, check=False)
+
+    fast = fast_greedy and config.greedy
+
+    def draft_sampling():
+        for _ in range(gamma):
+            if fast:
+                _next_token(draft_logits, config, generator)
+            else:
+                _sample(logits_to_probs(draft_logits, config, check=False), generator)
+
+    def target_forward():
+        pair.target(torch.cat([last, drafts], 1), start, caches["target"], span=span, check=False)
+
+    def verification():
+        logits_problem(target_logits)
+        if fast:
+            return greedy_verify(drafts, target_logits.argmax(dim=-1))
+        return rejection_sample(drafts, draft_probs, logits_to_probs(target_logits, config, check=False), generator,
+                                check_values=False)
+
+    out = verification()
+
+    def bookkeeping():
+        at = torch.where(active, ends, ends)
+        torch.stack([sequence[origin, at - 1], sequence[origin, at]], 1)
+        sequence[origin, at - 1].unsqueeze(1)
+        num_accepted, emitted = out.num_accepted, out.tokens
+        outcome = torch.stack([active.long(), num_accepted, (num_accepted == gamma).long()])
+        torch.where(active, num_accepted, -1), torch.where(active, num_accepted, -1)
+        write = (emitted >= 0) & active.unsqueeze(1)
+        columns = torch.where(write, at.unsqueeze(1) + torch.arange(gamma + 1, device=device), span)
+        sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
+        torch.where(num_accepted == gamma, 2, 1), ends + torch.where(active, num_accepted + 1, 0)
+        return outcome
+
+    outcome = bookkeeping()
+    parts = {"draft_forwards": draft_forwards, "draft_sampling": draft_sampling, "target_forward": target_forward,
+             "verification": verification, "bookkeeping": bookkeeping,
+             "host_read": lambda: _read(active, logits_problem(target_logits), outcome)}
+    rounds = {name: [] for name in parts}
+    runs = []
+    for repeat in range(repeats):
+        for name, part in parts.items():
+            rounds[name].append(median_call_seconds(part, min_run_time=0.1))
+        clock = Clock(device, forwards=True)
+        result = speculative_decode(pair.target, pair.draft, rows, max_new_tokens, gamma, config,
+                                    torch.Generator(device=device).manual_seed(seed + repeat), clock=clock,
+                                    sampler=None if fast else rejection_sample)
+        runs.append({"decode_seconds": result.seconds - result.prefill_seconds,
+                     "forward_seconds": result.target_seconds + result.draft_seconds,
+                     "blocks": len(result.accepted)})
+    return {"gamma": gamma, "temperature": config.temperature, "batch": len(rows), "repeats": repeats,
+            "fast_greedy": fast, "rounds": rounds, "runs": runs}
 
 
 # ---------------------------------------------------------------- plain vs speculative decoding
@@ -504,7 +601,7 @@ class _DecodeRunner:
 # ---------------------------------------------------------------- drafts raced against each other
 
 def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, *, runs: int = 1,
-                 progress: bool = True, **overrides) -> dict:
+                 progress: bool = True, profile: bool = False, **overrides) -> dict:
     """Return a record of plain decoding and speculative decoding with each of several drafts, side by
     side in one run: every group of prompts is decoded by plain decoding, then by each draft at each
     gamma, with the same seed, round after round.
@@ -514,7 +611,10 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
     each gets its own prediction; the plain runs are shared. The record (benchmark ``"drafts"``) keeps
     every observation with its ``draft`` (null for plain decoding), and ``runs`` independent runs, one
     after another, in its ``runs`` list; :func:`analysis.analyse` gives one decode row per draft and
-    point, and :func:`analysis.compare_drafts` the paired ratio of two drafts' speedups.
+    point, and :func:`analysis.compare_drafts` the paired ratio of two drafts' speedups. With ``profile``
+    each run ends with :func:`profile_block` of the first draft at gamma 4 and every temperature (greedily
+    also on the path it took before the greedy fast path), kept under ``profiles``
+    (:func:`analysis.block_profile` reads one).
     """
     from tqdm import tqdm
 
@@ -570,8 +670,17 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
                                 observations.append({**runner.observe(result, group, variant, repeat == 0, **labels),
                                                      "draft": name})
                                 bar.update()
+        profiles = []
+        if profile:  # where the first draft's block time goes, at gamma 4; greedily also the old slow path
+            first = next(iter(drafts.values()))
+            rows = encode_prompts(pair.prompts[:1], vocab)
+            for temperature in s.temperatures:
+                config = SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
+                for fast in ((True, False) if config.greedy else (True,)):
+                    profiles.append(profile_block(first, rows, 4, config, s.max_new_tokens,
+                                                  repeats=s.calibration_repeats, seed=s.seed, fast_greedy=fast))
         each.append({"environment": environment(device, probe=True), "calibrations": calibrations,
-                     "forward_costs": forward_costs, "observations": observations})
+                     "forward_costs": forward_costs, "observations": observations, "profiles": profiles})
     bar.close()
     record = {
         "schema": SCHEMA_VERSION, "benchmark": "drafts",

@@ -77,6 +77,7 @@ GPU_REPORT = {
     "decode": {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 1.0), "batches": (1, 16), "prompts": 16,
                "max_new_tokens": 64, "repeats": 3, "calibration_repeats": 3},
     "syncs": {"batches": (1, 16), "temperatures": (0.0, 1.0), "gamma": 4, "max_new_tokens": 64},
+    "prices": {"shapes": BENCH_PRICES["shapes"], "widths": BENCH_PRICES["widths"], "repeats": 5},
     "public": {"prompts": 4, "gammas": (2, 4, 6), "max_new_tokens": 64, "repeats": 1, "calibration_repeats": 2},
 }
 #: ``gpu-report --device cpu``: the same steps at sizes a CPU runs in seconds (for the offline test).
@@ -86,5 +87,6 @@ GPU_REPORT_SMOKE = {
     "decode": {"gammas": (2,), "temperatures": (0.0, 1.0), "batches": (1,), "prompts": 2, "max_new_tokens": 8,
                "repeats": 1, "calibration_repeats": 1},
     "syncs": {"batches": (1, 2), "temperatures": (1.0,), "gamma": 4, "max_new_tokens": 16},
+    "prices": {"shapes": ({"n_layer": 1, "d_model": 32, "n_head": 1},), "widths": (1, 2), "repeats": 1},
     "public": {"prompts": 2, "gammas": (2, 3), "max_new_tokens": 8, "repeats": 1, "calibration_repeats": 1},
 }

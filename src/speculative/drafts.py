@@ -137,7 +137,7 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
             "shapes": {name: {**s, "parameters": model.num_parameters()} for (name, model), s in
                        zip(drafts.items(), shapes)},
             "target_parameters": target.num_parameters(), "widths": list(widths),
-            "environment": environment(device)}
+            "environment": environment(device, probe=True)}
 
 
 def shape_name(shape: dict) -> str:

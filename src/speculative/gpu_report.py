@@ -12,7 +12,9 @@ It measures, step by step, and writes each step's record (:mod:`speculative.reco
    temperature, per block, counted twice: by ``torch.cuda.set_sync_debug_mode("warn")`` (the waits the
    device reported) and by :func:`timing.count_host_reads` (the reads the Python code asked for). The
    CPU has no such mode; a CPU run records ``cuda_syncs`` as null.
-4. ``peer_public_gpu.json`` and ``decode_public_gpu.json``: :func:`bench.race_public_pair` on
+4. ``prices_gpu.json``: :func:`drafts.prices_record`, the forwards' price list: the target over 1-9
+   positions and random drafts of several shapes over one (the cost side of "which draft?").
+5. ``peer_public_gpu.json`` and ``decode_public_gpu.json``: :func:`bench.race_public_pair` on
    :func:`hf.public_pair_names`, in bfloat16 where the GPU supports it and float16 otherwise (a free T4
    has no bfloat16). Only when both checkpoints are already on disk: it never downloads, and otherwise
    says so in one line and skips.
@@ -116,6 +118,18 @@ def _public_pair_on_disk(names: dict) -> Optional[str]:
     return None
 
 
+def _prices(pair, sizes: dict) -> dict:
+    """The price list's record (:func:`drafts.prices_record`) with its summary."""
+    from .analysis import analyse
+    from .decode import encode_prompts
+    from .drafts import prices_record
+
+    record = prices_record(pair.target, sizes["shapes"], sizes["widths"], encode_prompts(pair.prompts[:1]),
+                           repeats=sizes["repeats"], progress=False)
+    record["results"] = analyse(record)
+    return record
+
+
 def _steps(pair, sizes: dict, device: str, names: dict) -> list[tuple[str, Callable[[], dict]]]:
     """Return the report's steps in order: (record file stem, function returning the record)."""
     from .bench import bench_decode, bench_sampler, race_public_pair
@@ -123,7 +137,8 @@ def _steps(pair, sizes: dict, device: str, names: dict) -> list[tuple[str, Calla
     decode, public = sizes["decode"], sizes["public"]
     steps = [("sampler", lambda: bench_sampler(device=device, progress=False, **sizes["sampler"])),
              ("decode", lambda: bench_decode(pair, progress=False, **decode)),
-             ("syncs", lambda: measure_syncs(pair, **sizes["syncs"]))]
+             ("syncs", lambda: measure_syncs(pair, **sizes["syncs"])),
+             ("prices", lambda: _prices(pair, sizes["prices"]))]
 
     def race():
         out = race_public_pair(names["target"], names["draft"], device=device, dtype=public_dtype(device),

@@ -9,7 +9,9 @@ else:
     :data:`SCHEMA_VERSION`. A record without it (written before observations were kept) is schema 1.
 ``benchmark``
     ``"sampler"``, ``"decode"`` or ``"peer"``: which :mod:`speculative.bench` function wrote it;
-    ``"syncs"``: :func:`speculative.gpu_report.measure_syncs`.
+    ``"syncs"``: :func:`speculative.gpu_report.measure_syncs`; ``"drafts"``: :func:`speculative.bench.bench_drafts`;
+    ``"prices"`` and ``"agreement"``: :func:`speculative.drafts.prices_record` and
+    :func:`speculative.drafts.measure_agreement`.
 ``what``
     one sentence: what was measured, side by side.
 ``environment``
@@ -40,6 +42,15 @@ else:
     - syncs: one per (batch, temperature): ``batch``, ``temperature``, ``gamma``, ``blocks`` (target
       calls), ``cuda_syncs`` (what ``torch.cuda.set_sync_debug_mode("warn")`` reported; null on a CPU)
       and ``host_reads`` (:func:`speculative.timing.count_host_reads`).
+    - drafts: as decode, each with ``draft`` (the raced draft's name; null for the shared plain runs);
+      ``calibrations`` and ``forward_costs`` also carry ``draft``; the top-level ``drafts`` names each
+      raced draft with its hash, shape and where it came from; ``profiles`` (per run) the raw output of
+      :func:`speculative.bench.profile_block` for the first draft.
+    - prices: ``{entry: [seconds per round]}``, entries ``target_W`` (the target over W positions) and
+      ``draft_LxW`` (a random draft of that shape over one), rounds interleaved; ``shapes`` gives each
+      shape's parameters.
+    - agreement: one per (draft, temperature): ``rates``, each held-out context's exact acceptance rate,
+      and ``contexts_sha256``; nothing timed, so its ``environment`` has no host probe.
 ``calibrations``
     (decode, peer) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the point it
     was taken at; ``forward_costs`` (decode) the forwards timed alone.

@@ -361,8 +361,9 @@ def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: 
 
 
 def parse_candidate(text: str) -> dict:
-    """Return a candidate draft from ``NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]`` (init: start from the
-    pair's own draft, which must have that shape), e.g. ``tv128=2x128:tv:240:init``."""
+    """Return a candidate draft from ``NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]`` (init:
+    start from the pair's own draft; from=FOLDER: from the candidate draft in FOLDER; either must have that
+    shape), e.g. ``tv128=2x128:tv:240:init``."""
     try:
         name, spec = text.split("=", 1)
         shape, objective, seconds, *rest = spec.split(":")
@@ -372,10 +373,13 @@ def parse_candidate(text: str) -> dict:
         raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]") from None
     if objective not in DISTILL_OBJECTIVES:
         raise ValueError(f"candidate {name}: unknown objective {objective!r} (use {', '.join(DISTILL_OBJECTIVES)})")
-    if rest not in ([], ["init"]) or not name or layers < 1 or width < 1 or not seconds > 0:
-        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]")
+    start = rest[0] if len(rest) == 1 else None
+    if len(rest) > 1 or (start is not None and start != "init" and not (start.startswith("from=") and start[5:])) \
+            or not name or layers < 1 or width < 1 or not seconds > 0:
+        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]")
     return {"name": name, "n_layer": layers, "d_model": width, "n_head": max(1, width // 64),
-            "objective": objective, "seconds": seconds, "init": bool(rest)}
+            "objective": objective, "seconds": seconds, "init": start is not None,
+            **({"from": start[5:]} if start and start != "init" else {})}
 
 
 def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_windows: int = 2048,
@@ -390,7 +394,7 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
     (no cross-entropy term), from the pair's draft (``init``) or from a fresh initialisation.
     """
     from .corpus import load_corpus
-    from .drafts import save_draft
+    from .drafts import load_draft, save_draft
 
     out = Path(out)
     for c in candidates:
@@ -404,9 +408,11 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
     for c in candidates:
         config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
                            n_head=c["n_head"], d_model=c["d_model"])
-        init = pair.draft if c["init"] else None
+        init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
+        if "from" in c:
+            init, _, start_sha256 = load_draft(c["from"], device=device)
         if init is not None and init.config != config:
-            raise ValueError(f"candidate {c['name']} starts from the pair's draft, whose shape "
+            raise ValueError(f"candidate {c['name']} starts from a draft whose shape "
                              f"{init.config.n_layer}x{init.config.d_model} differs")
         settings = TrainConfig(seconds=c["seconds"], distill_weight=1.0, objective=c["objective"], seed=seed + 2,
                                device=device)
@@ -414,6 +420,6 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
                                  label=c["name"], init=init, data=data)
         info = {"name": c["name"], "candidate": c, "train_log": log,
                 "trained_on": {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads()},
-                "initial_draft_sha256": pair.sha256 if c["init"] else None}
+                "initial_draft_sha256": start_sha256}
         digests[c["name"]] = save_draft(out / c["name"], draft, pair, info, overwrite=overwrite)
     return digests
