@@ -165,6 +165,12 @@ def test_bad_decode_settings_fail_at_once_with_one_line(argv, message, capsys, t
         (["bench", "decode", "--top-p", "1.5"], "expected a number in (0, 1]"),
         (["train", "--out", "x", "--target-width", "100", "--target-heads", "3"], None),
         (["train", "--out", "x", "--distill", "1"], "expected a number in [0, 1)"),
+        (["train-draft", "--out", "x", "--candidate", "a=2x128:jsd:10"], "expected NAME=LAYERSxWIDTH"),
+        (["train-draft", "--out", "x", "--candidate", "a=1x8:tv:1", "--candidate", "a=1x8:kl:1"],
+         "two candidates share a name"),
+        (["bench", "prices", "--shapes", "2x"], "expected comma-separated shapes"),
+        (["bench", "agreement", "--draft", "no-such-folder"], "no draft at no-such-folder"),
+        (["bench", "drafts", "--gamma", "0"], "comma-separated integers >= 1"),
     ],
 )
 def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):

@@ -689,7 +689,8 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
         "pair_sha256": pair.sha256, "prompts_sha256": prompts_hash(pair.prompts),
         "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
                           "draft_parameters": other.draft.num_parameters(),
-                          "from": other.info.get("draft_from", "the pair's own draft")}
+                          "from": other.info.get("draft_from", "the pair's own draft"),
+                          "training": other.info.get("draft_training")}
                    for name, other in drafts.items()},
         "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,
                    "forward_times_from": "the timed runs", "dtype": str(pair.target.dtype), "runs": runs},

@@ -90,7 +90,16 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
         raise ValueError(f"the draft in {folder} does not fit the target's vocabulary and context")
     combined = hashlib.sha256(f"{pair.sha256} {digest}".encode()).hexdigest()
     return replace(pair, draft=draft, info=dict(pair.info, draft_config=draft.config.to_dict(),
-                                                  draft_from=str(folder), draft_sha256=digest), sha256=combined)
+                                                  draft_from=str(folder), draft_sha256=digest,
+                                                  draft_training=training_summary(info)), sha256=combined)
+
+
+def training_summary(info: dict) -> dict:
+    """Return what a record keeps of a candidate draft's draft.json: its recipe and how far it trained."""
+    log = info.get("train_log", {})
+    return {"candidate": info.get("candidate"), "initial_draft_sha256": info.get("initial_draft_sha256"),
+            "steps": log.get("steps"), "seconds": log.get("train", {}).get("seconds"),
+            "validation_bpb": log.get("final_validation_bpb"), "distillation_data": log.get("distillation_data")}
 
 
 @torch.no_grad()
@@ -214,7 +223,8 @@ def measure_agreement(pair: Pair, drafts: dict, temperatures: Sequence[float] = 
         "environment": environment(pair.target.device), "pair_sha256": pair.sha256,
         "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
                           "draft_parameters": other.draft.num_parameters(),
-                          "from": other.info.get("draft_from", "the pair's own draft")}
+                          "from": other.info.get("draft_from", "the pair's own draft"),
+                          "training": other.info.get("draft_training")}
                    for name, other in drafts.items()},
         "config": {"temperatures": [float(t) for t in temperatures], "contexts": contexts, "prefix": prefix,
                    "new_tokens": new_tokens, "seed": seed, "dtype": str(pair.target.dtype)},

@@ -32,8 +32,9 @@ __all__ = ["TrainConfig", "train_model", "bits_per_byte", "byte_tensor", "train_
 
 #: The draft's distillation losses, per position, averaged: "kl", the forward KL(p || q) (the shipped
 #: draft's); "tv", the total variation distance 1/2 sum |p - q|, whose complement is the acceptance rate
-#: itself; "mixed", the mean of the forward and the reverse KL(q || p). DistillSpec (Zhou et al., 2024)
-#: compares these and finds the best one depends on the task and the sampling temperature.
+#: itself; "mixed", the mean of the forward and the reverse KL(q || p). DistillSpec (Zhou et al., ICLR
+#: 2024, https://arxiv.org/abs/2310.08461) compares such divergences and finds that the best one depends
+#: on the task and on the decoding strategy (greedy or sampled).
 DISTILL_OBJECTIVES = ("kl", "tv", "mixed")
 
 
@@ -71,8 +72,9 @@ def target_samples(target: GPT, text: bytes, windows: int, prefix: int = 32, tem
     target at ``temperature`` (0: greedily) to the target's whole context (a ``prefix`` of the whole
     context gives windows of the text itself, nothing sampled); the teacher's log-probabilities
     are those of the untransformed target (temperature 1), as distillation uses them. These are the
-    contexts a draft meets when speculative decoding emits the target's text (DistillSpec's point: train
-    the draft on the data it will be asked to draft on).
+    contexts a draft meets when lossless speculative decoding emits the target's text. DistillSpec found
+    the data the draft trains on to matter, and favoured the draft's own samples (on-policy); the
+    target's samples are another of the sources it compares, and the one used here.
     """
     from tqdm import tqdm
 
