@@ -481,6 +481,9 @@ def _add_bench_peer(targets, formatter) -> None:
                       help="rounds of the step timings the auto policy is calibrated from (medians kept)")
     peer.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     peer.add_argument("--dtype", choices=_DTYPES, default="float32", help="weights and cache dtype")
+    peer.add_argument("--draft", default=None, metavar="FOLDER",
+                      help="race with this candidate draft (python -m speculative train-draft) instead of the "
+                           "pair's own; both sides export it")
     peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
     peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     peer.set_defaults(run=_run_bench_peer)
@@ -573,6 +576,10 @@ def _run_bench_peer(args) -> int:
     from .report import format_peer_table
 
     pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
+    if args.draft:
+        from .drafts import with_draft
+
+        pair = with_draft(pair, args.draft)
     settings = PeerSettings(temperatures=args.temperature, gamma=args.gamma, schedules=args.schedules,
                             policies=args.policies, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                             repeats=args.repeats, seed=args.seed, calibration_repeats=args.calibration_repeats)
