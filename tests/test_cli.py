@@ -269,3 +269,26 @@ def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
     greedy = compare_variants(record, ("token", 1), ("block", 1))
     assert [c["tokens_per_call_ratio"] for c in greedy if c["temperature"] == 0] == [1.0]
     assert "block" in capsys.readouterr().out
+
+
+def test_bench_drafts_races_a_candidate_beside_the_pairs_own_draft(tiny_pair_dir, tmp_path, capsys):
+    import torch
+
+    from speculative.drafts import save_draft
+    from speculative.model import GPT, GPTConfig
+
+    torch.manual_seed(4)
+    save_draft(tmp_path / "wide", GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)),
+               load_pair(tiny_pair_dir), {"name": "wide"})
+    out = tmp_path / "race.json"
+    assert main(["bench", "drafts", "--pair", str(tiny_pair_dir), "--draft", str(tmp_path / "wide"), "--gamma", "2",
+                 "--temperature", "1", "--prompts", "2", "--max-new-tokens", "6", "--runs", "2",
+                 "--calibration-repeats", "1", "--no-progress", "--no-profile", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert list(record["drafts"]) == ["shipped", "wide"] and record["config"]["runs"] == 2
+    assert all(run["profiles"] == [] for run in record["runs"])
+    printed = capsys.readouterr().out
+    assert "speedup per run" in printed and "wide" in printed
+    assert main(["bench", "drafts", "--pair", str(tiny_pair_dir), "--draft", str(tmp_path / "wide"), "--draft",
+                 str(tmp_path / "wide")]) == 2
+    assert "two drafts are named 'wide'" in capsys.readouterr().err
