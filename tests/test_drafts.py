@@ -9,10 +9,17 @@ import torch.nn.functional as F
 
 from conftest import TINY, save_tiny_pair
 from speculative import analysis
-from speculative.drafts import acceptance_from_forwards, load_draft, measure_agreement, save_draft, with_draft
+from speculative.drafts import (
+    acceptance_from_forwards,
+    load_draft,
+    measure_agreement,
+    save_draft,
+    train_drafts,
+    with_draft,
+)
 from speculative.model import GPT, GPTConfig
 from speculative.pair import load_pair
-from speculative.train import DISTILL_OBJECTIVES, distill_loss, parse_candidate, train_drafts
+from speculative.train import DISTILL_OBJECTIVES, distill_loss, parse_candidate
 from speculative.transforms import SamplingConfig
 
 

@@ -619,8 +619,8 @@ def _add_train_draft(commands, formatter) -> None:
 
 
 def _run_train_draft(args) -> int:
+    from .drafts import train_drafts
     from .pair import load_pair
-    from .train import train_drafts
 
     if len({c["name"] for c in args.candidate}) != len(args.candidate):
         raise ValueError("two candidates share a name")

@@ -600,6 +600,21 @@ class _DecodeRunner:
 
 # ---------------------------------------------------------------- drafts raced against each other
 
+def _profiles(pair, s: DecodeSettings) -> list[dict]:
+    """:func:`profile_block` of ``pair``'s draft at gamma 4 on its first prompt, at every temperature of
+    ``s``, and greedily also on the path the loop took before the greedy fast path."""
+    from .decode import encode_prompts
+    from .transforms import SamplingConfig
+
+    rows, out = encode_prompts(pair.prompts[:1], pair.target.config.vocab_size), []
+    for temperature in s.temperatures:
+        config = SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
+        for fast in ((True, False) if config.greedy else (True,)):
+            out.append(profile_block(pair, rows, 4, config, s.max_new_tokens, repeats=s.calibration_repeats,
+                                     seed=s.seed, fast_greedy=fast))
+    return out
+
+
 def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, *, runs: int = 1,
                  progress: bool = True, profile: bool = False, **overrides) -> dict:
     """Return a record of plain decoding and speculative decoding with each of several drafts, side by
@@ -670,17 +685,9 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
                                 observations.append({**runner.observe(result, group, variant, repeat == 0, **labels),
                                                      "draft": name})
                                 bar.update()
-        profiles = []
-        if profile:  # where the first draft's block time goes, at gamma 4; greedily also the old slow path
-            first = next(iter(drafts.values()))
-            rows = encode_prompts(pair.prompts[:1], vocab)
-            for temperature in s.temperatures:
-                config = SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
-                for fast in ((True, False) if config.greedy else (True,)):
-                    profiles.append(profile_block(first, rows, 4, config, s.max_new_tokens,
-                                                  repeats=s.calibration_repeats, seed=s.seed, fast_greedy=fast))
         each.append({"environment": environment(device, probe=True), "calibrations": calibrations,
-                     "forward_costs": forward_costs, "observations": observations, "profiles": profiles})
+                     "forward_costs": forward_costs, "observations": observations,
+                     "profiles": _profiles(next(iter(drafts.values())), s) if profile else []})
     bar.close()
     record = {
         "schema": SCHEMA_VERSION, "benchmark": "drafts",

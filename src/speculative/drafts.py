@@ -28,13 +28,14 @@ from typing import Sequence
 
 import torch
 
+from . import defaults
 from .model import GPT, GPTConfig
 from .pair import Pair, _load_model, _weights, check_destination, sha256_file
 from .timing import environment, median_call_seconds
 from .transforms import SamplingConfig, logits_to_probs
 
 __all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "measure_prices", "acceptance_from_forwards",
-           "decode_contexts", "measure_agreement", "prices_record", "shape_name"]
+           "decode_contexts", "measure_agreement", "prices_record", "shape_name", "train_drafts"]
 DRAFT_FILES = ("draft.safetensors", "draft.json")
 
 
@@ -246,3 +247,46 @@ def prices_record(target: GPT, shapes: Sequence[dict], widths: Sequence[int], ro
                        "position": raw["position"], "repeats": repeats, "dtype": str(target.dtype)},
             "target_parameters": raw["target_parameters"], "shapes": raw["shapes"],
             "observations": raw["rounds"]}
+
+
+def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_windows: int = 2048,
+                 text_windows: int = 2048, seed: int = defaults.TRAIN_SEED, device: str = "cpu",
+                 progress: bool = True, overwrite: bool = False) -> dict:
+    """Train each candidate draft (:func:`train.parse_candidate`) by distillation from ``pair``'s target and
+    save it under ``out/NAME`` (:func:`save_draft`); return {name: sha256}.
+
+    Every candidate distils on the same windows, made once: ``sampled_windows`` of the target's own
+    samples at temperature 1 after 32 bytes of training text, and ``text_windows`` of training text, with
+    the target's log-probabilities at every position. Each trains for its own seconds, pure distillation
+    (no cross-entropy term), from the pair's draft (``init``) or from a fresh initialisation.
+    """
+    from .corpus import load_corpus
+    from .train import TrainConfig, joined, target_samples, train_model
+
+    out = Path(out)
+    for c in candidates:
+        check_destination(out / c["name"], overwrite)
+    corpus = load_corpus()
+    context = pair.target.config.context
+    data = joined([target_samples(pair.target, corpus.train, sampled_windows, seed=seed, progress=progress),
+                   target_samples(pair.target, corpus.train, text_windows, prefix=context, seed=seed + 1,
+                                  progress=progress)])
+    digests = {}
+    for c in candidates:
+        config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
+                           n_head=c["n_head"], d_model=c["d_model"])
+        init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
+        if "from" in c:
+            init, _, start_sha256 = load_draft(c["from"], device=device)
+        if init is not None and init.config != config:
+            raise ValueError(f"candidate {c['name']} starts from a draft whose shape "
+                             f"{init.config.n_layer}x{init.config.d_model} differs")
+        settings = TrainConfig(seconds=c["seconds"], distill_weight=1.0, objective=c["objective"], seed=seed + 2,
+                               device=device)
+        draft, log = train_model(config, corpus.train, corpus.validation, settings, progress=progress,
+                                 label=c["name"], init=init, data=data)
+        info = {"name": c["name"], "candidate": c, "train_log": log,
+                "trained_on": {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads()},
+                "initial_draft_sha256": start_sha256}
+        digests[c["name"]] = save_draft(out / c["name"], draft, pair, info, overwrite=overwrite)
+    return digests
