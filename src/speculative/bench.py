@@ -920,6 +920,9 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
                    + ("" if sklearn else " (not adapted: scikit-learn is not installed)")},
         "calibrations": calibrations, "observations": observations,
     }
+    if "draft_from" in pair.info:  # a candidate draft (drafts.with_draft): name it, and its own hash
+        record["draft"] = {"from": pair.info["draft_from"], "sha256": pair.info["draft_sha256"],
+                           "base_pair_sha256": pair.info.get("base_pair_sha256")}
     record["results"] = analyse(record)
     return record
 

@@ -92,7 +92,8 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
     combined = hashlib.sha256(f"{pair.sha256} {digest}".encode()).hexdigest()
     return replace(pair, draft=draft, info=dict(pair.info, draft_config=draft.config.to_dict(),
                                                   draft_from=str(folder), draft_sha256=digest,
-                                                  draft_training=training_summary(info)), sha256=combined)
+                                                  draft_training=training_summary(info),
+                                                  base_pair_sha256=pair.sha256), sha256=combined)
 
 
 def training_summary(info: dict) -> dict:
