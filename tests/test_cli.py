@@ -171,6 +171,7 @@ def test_bad_decode_settings_fail_at_once_with_one_line(argv, message, capsys, t
         (["bench", "prices", "--shapes", "2x"], "expected comma-separated shapes"),
         (["bench", "agreement", "--draft", "no-such-folder"], "no draft at no-such-folder"),
         (["bench", "drafts", "--gamma", "0"], "comma-separated integers >= 1"),
+        (["bench", "peer", "--draft", "no-such-folder"], "no draft at no-such-folder"),
     ],
 )
 def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
