@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -30,7 +28,7 @@ import torch
 
 from . import defaults
 from .model import GPT, GPTConfig
-from .pair import Pair, _load_model, _weights, check_destination, sha256_file
+from .pair import Pair, _load_model, _weights, check_destination, sha256_file, write_checksummed
 from .timing import environment, median_call_seconds
 from .transforms import SamplingConfig, logits_to_probs
 
@@ -43,24 +41,13 @@ def save_draft(folder: Path, draft: GPT, pair: Pair, info: dict, overwrite: bool
     """Write ``draft`` (distilled from ``pair``'s target) into ``folder`` with checksums; return its sha256."""
     from safetensors.torch import save_file
 
-    destination = check_destination(folder, overwrite)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    staging.chmod(0o755)
-    try:
+    def write(staging: Path) -> None:
         save_file(_weights(draft), str(staging / "draft.safetensors"))
         record = dict(info, draft_config=draft.config.to_dict(), draft_parameters=draft.num_parameters(),
                       target_pair_sha256=pair.sha256)
         (staging / "draft.json").write_text(json.dumps(record, indent=2) + "\n")
-        sums = "".join(f"{sha256_file(staging / name)}  {name}\n" for name in DRAFT_FILES)
-        (staging / "SHA256SUMS").write_text(sums)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if destination.exists():
-        shutil.rmtree(destination)
-    staging.rename(destination)
-    return hashlib.sha256(sums.encode()).hexdigest()
+
+    return write_checksummed(folder, DRAFT_FILES, write, overwrite)
 
 
 def load_draft(folder: Path, device="cpu", dtype=torch.float32) -> tuple[GPT, dict, str]:

@@ -18,13 +18,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from .model import GPT, GPTConfig
 
-__all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "sha256_file", "check_destination"]
+__all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "sha256_file", "check_destination",
+           "write_checksummed"]
 PAIR_DIR = Path(__file__).resolve().parent / "pair"
 PAIR_FILES = ("target.safetensors", "draft.safetensors", "pair.json", "train_log.json", "prompts.json")
 
@@ -58,41 +59,57 @@ def check_destination(folder: Path, overwrite: bool = False) -> Path:
     return folder
 
 
+def write_checksummed(folder: Path, names: Sequence[str], write: Callable[[Path], None],
+                      overwrite: bool = False) -> str:
+    """Write a folder of files with a SHA256SUMS line for each of ``names``; return the sha256 of SHA256SUMS.
+
+    ``write(staging)`` writes the files into a temporary folder beside ``folder``, which is moved into
+    place only when complete (an old folder is moved aside first and removed last), so a failure never
+    leaves a half-written folder nor loses the old one. A non-empty ``folder`` is refused unless
+    ``overwrite``.
+    """
+    destination = check_destination(folder, overwrite)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a model folder is readable like any other
+    try:
+        write(staging)
+        sums = "".join(f"{sha256_file(staging / name)}  {name}\n" for name in names)
+        (staging / "SHA256SUMS").write_text(sums)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = None
+    if destination.exists():  # move the old one aside first, so that a failure never loses both
+        old = destination.with_name(f".{destination.name}.replaced-{staging.name}")
+        destination.rename(old)
+    staging.rename(destination)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
 def save_pair(folder: Path, target: GPT, draft: GPT, info: dict, train_log: dict, prompts: list[bytes],
               overwrite: bool = False) -> str:
     """Write the pair into ``folder`` with its checksums; return the pair's sha256.
 
     Refuses a non-empty ``folder`` unless ``overwrite``; the files are written into a temporary folder
-    beside it and moved into place at the end, so a failure leaves nothing half written.
+    beside it and moved into place at the end, so a failure leaves nothing half written
+    (:func:`write_checksummed`).
     """
     from safetensors.torch import save_file
 
-    destination = check_destination(folder, overwrite)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    folder.chmod(0o755)  # mkdtemp makes it private; a pair folder is readable like any other
-    try:
-        save_file(_weights(target), str(folder / "target.safetensors"))
-        save_file(_weights(draft), str(folder / "draft.safetensors"))
-        info = dict(info, target_config=target.config.to_dict(), draft_config=draft.config.to_dict())
-        (folder / "pair.json").write_text(json.dumps(info, indent=2) + "\n")
-        (folder / "train_log.json").write_text(json.dumps(train_log, indent=2) + "\n")
+    def write(staging: Path) -> None:
+        save_file(_weights(target), str(staging / "target.safetensors"))
+        save_file(_weights(draft), str(staging / "draft.safetensors"))
+        described = dict(info, target_config=target.config.to_dict(), draft_config=draft.config.to_dict())
+        (staging / "pair.json").write_text(json.dumps(described, indent=2) + "\n")
+        (staging / "train_log.json").write_text(json.dumps(train_log, indent=2) + "\n")
         prompt_record = {"encoding": "latin-1", "count": len(prompts),
                          "prompts": [p.decode("latin-1") for p in prompts]}
-        (folder / "prompts.json").write_text(json.dumps(prompt_record, indent=1) + "\n")
-        sums = "".join(f"{sha256_file(folder / name)}  {name}\n" for name in PAIR_FILES)
-        (folder / "SHA256SUMS").write_text(sums)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    old = None
-    if destination.exists():  # move the old one aside first, so that a failure never loses both
-        old = destination.with_name(f".{destination.name}.replaced-{folder.name}")
-        destination.rename(old)
-    folder.rename(destination)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    return hashlib.sha256(sums.encode()).hexdigest()
+        (staging / "prompts.json").write_text(json.dumps(prompt_record, indent=1) + "\n")
+
+    return write_checksummed(folder, PAIR_FILES, write, overwrite)
 
 
 def _load_model(path: Path, config: GPTConfig, device, dtype) -> GPT:
