@@ -249,13 +249,16 @@ def test_multi_draft_decoding_refuses_bad_input(pair):
 
 
 @pytest.mark.parametrize("policy", ["fixed", "confidence"])
-def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair, policy):
+def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair, policy, monkeypatch):
     """Greedily the loop compares arg-maxes (sampler.greedy_verify) instead of running the rejection sampler on
     one-hot p and q; passing the sampler explicitly takes the long way. Tokens and every block's accepted
     count must agree, shared blocks and per-row lengths alike, on rows of different prompts."""
+    from speculative import decode as decode_module
     from speculative.policy import make_policy
-    from speculative.sampler import rejection_sample
+    from speculative.sampler import greedy_verify, rejection_sample
 
+    calls = []
+    monkeypatch.setattr(decode_module, "greedy_verify", lambda *a: calls.append(1) or greedy_verify(*a))
     greedy = SamplingConfig(temperature=0.0)
     prompts = [p[:40] for p in law_pair.prompts[:3]]
     for per_row in (False, True):
@@ -265,6 +268,8 @@ def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair,
             runs.append(speculative_decode(law_pair.target, law_pair.draft, prompts, 24, gamma, greedy,
                                            sampler=sampler, per_row=per_row))
         fast, slow = runs
+        assert len(calls) == fast.target_forwards - 1  # every block of the default path took the fast one
+        calls.clear()
         assert fast.tokens == slow.tokens
         assert [a.tolist() for a in fast.accepted] == [a.tolist() for a in slow.accepted]
         assert fast.tokens == plain_decode(law_pair.target, prompts, 24, greedy).tokens

@@ -50,7 +50,8 @@ def test_the_kl_losses_are_the_textbook_ones_and_zero_at_the_teacher():
 
 @pytest.mark.parametrize("text, problem", [("a=2x128:tv", "is not"), ("a=2x128:jsd:10", "unknown objective"),
                                            ("a=2x128:tv:10:warm", "is not"), ("=2x128:tv:10", "is not"),
-                                           ("a=2x128:tv:-1", "is not"), ("a=2x128:tv:9:from=", "is not")])
+                                           ("a=2x128:tv:-1", "is not"), ("a=2x128:tv:9:from=", "is not"),
+                                           ("a=2x128:tv:inf", "is not"), ("../x=2x128:tv:9", "must be letters")])
 def test_a_bad_candidate_is_refused_in_one_line(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_candidate(text)
@@ -124,7 +125,7 @@ def test_train_drafts_distils_candidates_that_load_beside_their_pair(tmp_path):
         assert log["steps"] >= 1 and log["train"]["objective"] == candidates[name == "wide"]["objective"]
         assert [p["source"] for p in log["distillation_data"]["parts"]] == ["text", "text"]  # context 32: no room
         assert swapped.draft.config.d_model == candidates[name == "wide"]["d_model"]
-    with pytest.raises(ValueError, match="differs"):
+    with pytest.raises(ValueError, match="starts from a draft of shape 1x8, not 1x32"):
         train_drafts(pair, tmp_path / "bad", [parse_candidate("x=1x32:tv:1:init")], 4, 4, progress=False)
     # a candidate may start from another candidate
     again = parse_candidate(f"more=1x32:tv:1:from={tmp_path / 'out' / 'wide'}")
@@ -205,3 +206,32 @@ def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_th
     with pytest.raises(ValueError, match="another target"):
         bench_drafts(pair, {"x": load_pair(tmp_path / "pair")}, gammas=(2,), temperatures=(1.0,), batches=(1,),
                      prompts=2, max_new_tokens=6, progress=False)
+
+
+def test_target_samples_continue_text_with_the_targets_own_tokens(tmp_path):
+    from speculative.decode import plain_decode
+    from speculative.train import target_samples
+    from speculative.transforms import SamplingConfig
+
+    save_tiny_pair(tmp_path / "pair")
+    pair = load_pair(tmp_path / "pair")
+    text = b"line one\nline two\nline three\nline four\n" * 20
+    data = target_samples(pair.target, text, 3, prefix=8, temperature=0.0, progress=False)
+    assert data.tokens.shape == (3, 32) and data.teacher_logprobs.shape == (3, 31, 256)
+    assert data.description["source"] == "target samples"
+    prompts = [bytes(row[:8].tolist()) for row in data.tokens]
+    greedy = plain_decode(pair.target, prompts, 24, SamplingConfig(temperature=0.0)).tokens
+    assert [row[8:].tolist() for row in data.tokens] == greedy  # greedily, the continuation is the target's
+    with torch.no_grad():
+        expected = F.log_softmax(pair.target(data.tokens[:, :-1]).float(), -1)
+    assert torch.allclose(data.teacher_logprobs.float(), expected, atol=1e-2)
+
+
+def test_prices_refuse_widths_without_one_and_repeated_shapes():
+    from speculative.drafts import measure_prices
+
+    target = GPT(TINY).eval()
+    with pytest.raises(ValueError, match="include 1"):
+        measure_prices(target, [{"n_layer": 1, "d_model": 8, "n_head": 1}], [2, 4], [[1, 2, 3]], position=8)
+    with pytest.raises(ValueError, match="shapes must be distinct"):
+        measure_prices(target, [{"n_layer": 1, "d_model": 8, "n_head": 1}] * 2, [1], [[1, 2, 3]], position=8)

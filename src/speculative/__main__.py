@@ -608,7 +608,7 @@ def _add_train_draft(commands, formatter) -> None:
     draft.add_argument("--candidate", type=_parser(parse_candidate, bool, shape), action="append",
                        required=True, metavar="NAME=LxW:OBJECTIVE:SECONDS[:init]",
                        help="a candidate: shape, loss (kl, tv, mixed), seconds of training, and init to start "
-                            "from the pair's draft; repeat for more")
+                            "from the pair's draft or from=FOLDER to start from a candidate's; repeat for more")
     draft.add_argument("--pair", default=None, help="folder of the pair (default: the shipped pair)")
     draft.add_argument("--sampled-windows", type=_int, default=2048, help="windows of the target's own samples")
     draft.add_argument("--text-windows", type=_int, default=2048, help="windows of training text")

@@ -184,7 +184,7 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     repeated alone). ``rule`` is the verification rule whose sampler the verification step runs. The
     raw rounds are returned too (``rounds``), and the costs come from :func:`analysis.calibration_costs`.
     """
-    from .decode import _next_token, prefill
+    from .decode import _next_token, _sample, prefill
     from .sampler import greedy_verify, rule_sampler
     from .transforms import logits_problem, logits_to_probs
 
@@ -204,11 +204,16 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 
     def single(name):
         model, cache = getattr(pair, name), caches[name]
+        # plain decoding always takes the arg-max greedily; a draft step only where the loop's fast path does
+        quick = name == "target" or fast_greedy
 
         def step():
             logits = model(last, start, cache, span=span, check=False)[:, -1]
             logits_problem(logits)
-            _next_token(logits, config, generator)
+            if quick:
+                _next_token(logits, config, generator)
+            else:
+                _sample(logits_to_probs(logits, config, check=False), generator)
         return step
 
     def verify(gamma):
@@ -615,6 +620,21 @@ def _profiles(pair, s: DecodeSettings) -> list[dict]:
     return out
 
 
+def _check_drafts(pair, drafts: dict, s: DecodeSettings, profile: bool) -> None:
+    """Raise a ValueError, before any run, if a draft of ``drafts`` cannot race beside ``pair``'s target."""
+    from .decode import check_room, encode_prompts
+
+    for name, other in drafts.items():
+        if other.target is not pair.target:
+            raise ValueError(f"draft {name!r} is raced with another target: build it with drafts.with_draft(pair, ...)")
+        s.check_pair(other)
+    if profile:  # the profile drafts 4 tokens a block, whatever gammas are raced: fail now, not after the race
+        first = next(iter(drafts.values()))
+        for model in (first.target, first.draft):
+            check_room(model, encode_prompts(pair.prompts[:1], pair.target.config.vocab_size), s.max_new_tokens,
+                       lookahead=4 + 2)
+
+
 def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, *, runs: int = 1,
                  progress: bool = True, profile: bool = False, **overrides) -> dict:
     """Return a record of plain decoding and speculative decoding with each of several drafts, side by
@@ -642,10 +662,7 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
         raise ValueError("bench_drafts needs at least one draft to race")
     if s.rules != ("token",) or s.drafts != (1,) or "auto" in s.gammas:
         raise ValueError("bench_drafts races drafts at fixed gammas under the token-wise rule, one chain")
-    for name, other in drafts.items():
-        if other.target is not pair.target:
-            raise ValueError(f"draft {name!r} is raced with another target: build it with drafts.with_draft(pair, ...)")
-        s.check_pair(other)
+    _check_drafts(pair, drafts, s, profile)
     device, vocab = pair.target.device, pair.target.config.vocab_size
     if device.type == "cuda":  # on CUDA timing each forward costs a sync per call, which would slow the runs
         raise ValueError("bench_drafts times the forwards inside its runs, which is right on a CPU only")

@@ -56,7 +56,10 @@ def load_draft(folder: Path, device="cpu", dtype=torch.float32) -> tuple[GPT, di
     sums_path = folder / "SHA256SUMS"
     if not sums_path.is_file():
         raise FileNotFoundError(f"no draft at {folder}: SHA256SUMS is missing")
-    expected = dict(reversed(line.split(maxsplit=1)) for line in sums_path.read_text().splitlines())
+    lines = [line.split(maxsplit=1) for line in sums_path.read_text().splitlines() if line.strip()]
+    if any(len(parts) != 2 for parts in lines):
+        raise ValueError(f"SHA256SUMS in {folder} is malformed: each line must be 'DIGEST  NAME'")
+    expected = {name.strip(): digest for digest, name in lines}
     for name in DRAFT_FILES:
         if name not in expected or not (folder / name).is_file():
             raise FileNotFoundError(f"the draft in {folder} is missing {name} or its checksum")
@@ -106,8 +109,12 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
 
     from .decode import prefill
 
-    if not widths or any(w < 1 for w in widths):
-        raise ValueError(f"widths must be integers >= 1, got {list(widths)}")
+    if not widths or any(w < 1 for w in widths) or 1 not in widths or len(set(widths)) != len(widths):
+        raise ValueError(f"widths must be distinct integers >= 1 and include 1 (every cost is relative to the "
+                         f"one-position forward), got {list(widths)}")
+    names = [shape_name(s) for s in shapes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"shapes must be distinct, got {names}")
     device = target.device
     torch.manual_seed(seed)
     drafts = {shape_name(s): GPT(GPTConfig(vocab_size=target.config.vocab_size, context=target.config.context,
@@ -252,23 +259,27 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
     from .train import TrainConfig, joined, target_samples, train_model
 
     out = Path(out)
-    for c in candidates:
-        check_destination(out / c["name"], overwrite)
-    corpus = load_corpus()
     context = pair.target.config.context
+    starts = {}
+    for c in candidates:  # every check before the windows are made (minutes of the target's sampling)
+        check_destination(out / c["name"], overwrite)
+        init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
+        if "from" in c:
+            init, _, start_sha256 = load_draft(c["from"], device=device)
+        heads = init.config.n_head if init is not None else c["n_head"]
+        config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
+                           n_head=heads, d_model=c["d_model"])
+        if init is not None and init.config != config:
+            raise ValueError(f"candidate {c['name']} starts from a draft of shape "
+                             f"{init.config.n_layer}x{init.config.d_model}, not {c['n_layer']}x{c['d_model']}")
+        starts[c["name"]] = (config, init, start_sha256)
+    corpus = load_corpus()
     data = joined([target_samples(pair.target, corpus.train, sampled_windows, seed=seed, progress=progress),
                    target_samples(pair.target, corpus.train, text_windows, prefix=context, seed=seed + 1,
                                   progress=progress)])
     digests = {}
     for c in candidates:
-        config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
-                           n_head=c["n_head"], d_model=c["d_model"])
-        init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
-        if "from" in c:
-            init, _, start_sha256 = load_draft(c["from"], device=device)
-        if init is not None and init.config != config:
-            raise ValueError(f"candidate {c['name']} starts from a draft whose shape "
-                             f"{init.config.n_layer}x{init.config.d_model} differs")
+        config, init, start_sha256 = starts[c["name"]]
         settings = TrainConfig(seconds=c["seconds"], distill_weight=1.0, objective=c["objective"], seed=seed + 2,
                                device=device)
         draft, log = train_model(config, corpus.train, corpus.validation, settings, progress=progress,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -365,20 +366,23 @@ def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: 
 def parse_candidate(text: str) -> dict:
     """Return a candidate draft from ``NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]`` (init:
     start from the pair's own draft; from=FOLDER: from the candidate draft in FOLDER; either must have that
-    shape), e.g. ``tv128=2x128:tv:240:init``."""
+    shape, and its heads are taken from it; otherwise width / 64, at least one), e.g. ``tv128=2x128:tv:240:init``."""
     try:
         name, spec = text.split("=", 1)
         shape, objective, seconds, *rest = spec.split(":")
         layers, width = (int(x) for x in shape.lower().split("x"))
         seconds = float(seconds)
     except ValueError:
-        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init]") from None
+        raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]") \
+            from None
     if objective not in DISTILL_OBJECTIVES:
         raise ValueError(f"candidate {name}: unknown objective {objective!r} (use {', '.join(DISTILL_OBJECTIVES)})")
     start = rest[0] if len(rest) == 1 else None
     if len(rest) > 1 or (start is not None and start != "init" and not (start.startswith("from=") and start[5:])) \
-            or not name or layers < 1 or width < 1 or not seconds > 0:
+            or not name or layers < 1 or width < 1 or not 0 < seconds < math.inf:
         raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # it names a folder under --out: nothing that leaves it
+        raise ValueError(f"candidate name {name!r} must be letters, digits, '-' or '_'")
     return {"name": name, "n_layer": layers, "d_model": width, "n_head": max(1, width // 64),
             "objective": objective, "seconds": seconds, "init": start is not None,
             **({"from": start[5:]} if start and start != "init" else {})}
