@@ -1,6 +1,7 @@
 """Benchmarks: measured side by side in one run, written as raw observations with what they ran on.
 
-Explained in: notebooks/04_transforms (the sampler benchmark), notebooks/07_cost_model (the calibration)
+Explained in: notebooks/04_transforms (the sampler benchmark), notebooks/07_cost_model (the calibration),
+notebooks/13_which_draft (the race of drafts and the block profile)
 and notebooks/08_decoding_demo (the decode benchmark).
 
 A benchmark here is never a timed test: it measures and returns a record (:mod:`speculative.records`
@@ -165,6 +166,23 @@ def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
     return out
 
 
+def _mid_run(pair, rows: list[list[int]], max_new_tokens: int, gamma: int):
+    """Return (span, {"target", "draft"}: caches, start (B,), last token (B, 1)) for timing one step at the
+    middle of a run: half of ``max_new_tokens`` past each prompt, with room for a block of ``gamma``. The
+    caches really hold the positions before the step (the prompt, then its last token repeated), as a
+    wrapped transformers model needs; the library's GPT would attend over the zeros there just as fast."""
+    from .decode import prefill
+
+    device = pair.target.device
+    middle = max_new_tokens // 2
+    span = max(len(r) for r in rows) + middle + gamma + 1
+    held = [r + r[-1:] * middle for r in rows]
+    caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
+    start = torch.tensor([len(r) - 1 for r in held], device=device)
+    last = torch.tensor([[r[-1]] for r in rows], device=device)
+    return span, caches, start, last
+
+
 @torch.no_grad()
 def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int,
                     repeats: int = defaults.BENCH_DECODE["calibration_repeats"], seed: int = 0,
@@ -184,20 +202,13 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     repeated alone). ``rule`` is the verification rule whose sampler the verification step runs. The
     raw rounds are returned too (``rounds``), and the costs come from :func:`analysis.calibration_costs`.
     """
-    from .decode import _next_token, _sample, prefill
+    from .decode import _next_token, _sample
     from .sampler import greedy_verify, rule_sampler
     from .transforms import logits_problem, logits_to_probs
 
     device = pair.target.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    middle = max_new_tokens // 2
-    span = max(len(r) for r in rows) + middle + max(gammas) + 1
-    start = torch.tensor([len(r) - 1 + middle for r in rows], device=device)
-    last = torch.tensor([[r[-1]] for r in rows], device=device)
-    # the caches really hold the positions before the step (the prompt, then its last token repeated), as a
-    # wrapped transformers model needs; the library's GPT would attend over the zeros there just as fast
-    held = [r + r[-1:] * middle for r in rows]
-    caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
+    span, caches, start, last = _mid_run(pair, rows, max_new_tokens, max(gammas))
     vocab = pair.target.config.vocab_size
     sampler = rule_sampler(rule)
     fast_greedy = config.greedy and rule == "token"
@@ -269,18 +280,13 @@ def profile_block(pair, rows: list[list[int]], gamma: int, config, max_new_token
     distributions built, sampled and verified by ``sampler.rejection_sample`` (the loop takes that path
     when the sampler is passed explicitly).
     """
-    from .decode import _next_token, _read, _sample, prefill, speculative_decode
+    from .decode import _next_token, _read, _sample, speculative_decode
     from .sampler import greedy_verify, rejection_sample
     from .transforms import logits_problem, logits_to_probs
 
     device = pair.target.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    middle = max_new_tokens // 2
-    span = max(len(r) for r in rows) + middle + gamma + 1
-    held = [r + r[-1:] * middle for r in rows]
-    caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
-    start = torch.tensor([len(r) - 1 for r in held], device=device)
-    last = torch.tensor([[r[-1]] for r in held], device=device)
+    span, caches, start, last = _mid_run(pair, rows, max_new_tokens, gamma)
     drafts = last.repeat(1, gamma)
     draft_logits = pair.draft(last, start, caches["draft"], span=span, check=False)[:, -1]
     target_logits = pair.target(last.repeat(1, gamma + 1), start, caches["target"], span=span, check=False)

@@ -1,7 +1,7 @@
 """Which draft? Its price (a draft step c and a verification v, measured) and its agreement (alpha,
 computed exactly from full forwards), and candidate drafts saved beside the shipped target.
 
-Explained in: notebooks/07_cost_model (section "Which draft?").
+Explained in: notebooks/13_which_draft.
 
 What a draft gains is set by three numbers: alpha, the acceptance rate of its tested drafts; c, a draft
 step in plain steps; and v(gamma), a verification over gamma + 1 positions in plain steps. This module
@@ -13,7 +13,7 @@ before any decoding run, so that drafts can be ranked by the cost model's predic
 
 A candidate draft is kept in a folder of its own (``draft.safetensors``, ``draft.json``, ``SHA256SUMS``),
 tied to the pair whose target it was distilled from by that pair's hash; :func:`with_draft` returns the pair
-with the draft swapped, under a hash of its own, for ``bench decode --draft``.
+with the draft swapped, under a hash of its own, for ``bench drafts`` and ``bench peer --draft``.
 """
 
 from __future__ import annotations
