@@ -33,9 +33,10 @@ def pytest_collection_modifyitems(items):
 TINY = GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)
 
 
-def save_tiny_pair(folder) -> str:
-    """Write a small random pair (context 32) with four 10-byte prompts into ``folder``; return its sha256."""
-    torch.manual_seed(0)
+def save_tiny_pair(folder, seed: int = 0) -> str:
+    """Write a small random pair (context 32) with four 10-byte prompts into ``folder``; return its sha256
+    (another ``seed``, other weights)."""
+    torch.manual_seed(seed)
     target, draft = GPT(TINY), GPT(GPTConfig(context=32, n_layer=1, n_head=1, d_model=8))
     prompts = make_prompts(b"line one\nline two\nline three\nline four\n" * 20, count=4, length=10)
     return save_pair(folder, target, draft, {"note": "test"}, {"log": []}, prompts)
@@ -106,8 +107,8 @@ def tiny_pair_dir(tmp_path):
 
 def planted_rollback_bug():
     """A copy of decode.py whose target cache bookkeeping is off by one (one position too few rolled back)."""
-    correct = "target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache"
-    return _planted(correct, correct.replace("at - 1", "at"))
+    correct = "target_logits = target_call(torch.cat([last, drafts], 1), start - 1, target_cache"
+    return _planted(correct, correct.replace("start - 1", "start"))
 
 
 def planted_cut_bug():

@@ -290,3 +290,50 @@ def test_greedy_verify_is_the_rejection_sampler_on_one_hots():
                                 lengths=own)
         assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.num_accepted, slow.num_accepted)
     assert 0 < int(fast.num_accepted.sum()) < batch * k  # some blocks stop early, some accept drafts
+
+
+@pytest.mark.parametrize("policy", ["fixed", "confidence"])
+def test_rows_at_one_position_take_int_positions_and_draw_the_same(law_pair, policy, monkeypatch):
+    """When every row's block starts at one position (batch 1, or prompts of one length), the loop passes
+    the forwards host ints (the caches written by slices) instead of (R,) tensors. That is
+    only faster: forced onto the tensor path, the same seeds give the same tokens and accepted counts, at
+    T = 1 and greedily, and the int path was really taken."""
+    from speculative import decode as decode_module
+    from speculative.policy import make_policy
+
+    shared = []
+    original = decode_module._shared
+    monkeypatch.setattr(decode_module, "_shared", lambda *a: shared.append(original(*a)) or shared[-1])
+    prompts = [p[:40] for p in law_pair.prompts[:3]]  # one length: the rows share positions until one lags
+    for config in (SamplingConfig(temperature=1.0), GREEDY):
+        for rows in (prompts[:1], prompts):
+            runs = []
+            for force_tensors in (False, True):
+                if force_tensors:
+                    monkeypatch.setattr(decode_module, "_shared", lambda *a: None)
+                gamma = 4 if policy == "fixed" else make_policy("confidence", max_gamma=6)
+                runs.append(speculative_decode(law_pair.target, law_pair.draft, rows, 24, gamma, config,
+                                               torch.Generator().manual_seed(5)))
+                monkeypatch.setattr(decode_module, "_shared", lambda *a: shared.append(original(*a)) or shared[-1])
+            fast, slow = runs
+            assert fast.tokens == slow.tokens
+            assert [a.tolist() for a in fast.accepted] == [a.tolist() for a in slow.accepted]
+        assert any(s is not None for s in shared), "no block took int positions: this checked nothing"
+        shared.clear()
+
+
+def test_a_one_token_step_without_a_mask_gives_the_masked_logits(law_pair):
+    # the model skips the mask for one token at an int position that attends to every cached key (plain
+    # decoding's step); the same call with a tensor position builds an all-true mask and must give the
+    # same logits bit for bit; a longer span (extra keys masked out) agrees up to rounding
+    from speculative.decode import prefill
+
+    model, row = law_pair.target, law_pair.prompts[0][:30]
+    cache = prefill(model, [list(row)], length=64)
+    token = torch.tensor([[row[-1]]])
+    with torch.no_grad():
+        exact = model(token, 29, cache, span=30, check=False)
+        masked = model(token, 29, cache, span=48, check=False)
+        as_tensor = model(token, torch.tensor([29]), cache, span=30, check=False)
+    assert torch.equal(exact, as_tensor) and torch.allclose(exact, masked, atol=1e-4)
+    assert not torch.allclose(exact, model(token, 28, cache, span=29, check=False), atol=1e-3)  # positions matter

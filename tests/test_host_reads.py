@@ -72,8 +72,10 @@ def test_the_sampler_with_checks_off_reads_nothing_back():
     assert counter["reads"] > 0
 
 
-def test_nan_logits_inside_the_loop_are_an_error_not_silent(pair):
-    # the loop's checks are deferred to the block's one read: a model that returns NaN is still caught
+@pytest.mark.parametrize("broken_model", ["target", "draft"])
+def test_nan_logits_inside_the_loop_are_an_error_not_silent(pair, broken_model):
+    # the loop's checks are deferred to the block's one read: a model that returns NaN is still caught,
+    # the draft's included when only its later steps (one-token forwards, checked together) go wrong
     class Broken(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
@@ -88,10 +90,13 @@ def test_nan_logits_inside_the_loop_are_an_error_not_silent(pair):
 
         def forward(self, *args, **kwargs):
             logits = self.model(*args, **kwargs)
-            return logits if logits.shape[1] > 90 else logits.fill_(float("nan"))  # prefill fine, then NaN
+            fine = logits.shape[1] > (90 if broken_model == "target" else 1)  # the draft: its first step fine
+            return logits if fine else logits.fill_(float("nan"))  # prefill fine, then NaN
 
-    broken = Broken(pair.target)
+    models = {"target": pair.target, "draft": pair.draft}
+    models[broken_model] = Broken(models[broken_model])
     with pytest.raises(DecodingError, match="NaN or \\+inf logits"):
-        speculative_decode(broken, pair.draft, pair.prompts[:1], 8, 2, generator=torch.Generator().manual_seed(0))
+        speculative_decode(models["target"], models["draft"], pair.prompts[:1], 8, 2,
+                           generator=torch.Generator().manual_seed(0))
     with pytest.raises(DecodingError, match="NaN or \\+inf logits"):
-        plain_decode(broken, pair.prompts[:1], 8, generator=torch.Generator().manual_seed(0))
+        plain_decode(models[broken_model], pair.prompts[:1], 8, generator=torch.Generator().manual_seed(0))

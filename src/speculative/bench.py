@@ -147,10 +147,10 @@ def bench_sampler(settings: Optional[SamplerSettings] = None, *, progress: bool 
 def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
     """Return median seconds of: one draft token, one target token, and target over gamma+1 tokens,
     each call timed alone, back to back, by ``torch.utils.benchmark.Timer``."""
-    from .decode import prefill
+    from .decode import call_positions, prefill
 
     device = pair.target.device
-    start = torch.tensor([len(r) - 1 for r in rows], device=device)
+    start = call_positions([len(r) - 1 for r in rows], device)
     token = torch.tensor([[r[-1]] for r in rows], device=device)
 
     def median_time(model, tokens):
@@ -167,18 +167,19 @@ def _forward_costs(pair, rows: list[list[int]], gammas) -> dict:
 
 
 def _mid_run(pair, rows: list[list[int]], max_new_tokens: int, gamma: int):
-    """Return (span, {"target", "draft"}: caches, start (B,), last token (B, 1)) for timing one step at the
-    middle of a run: half of ``max_new_tokens`` past each prompt, with room for a block of ``gamma``. The
+    """Return (span, {"target", "draft"}: caches, start, last token (B, 1)) for timing one step at the
+    middle of a run: half of ``max_new_tokens`` past each prompt, with room for a block of ``gamma``;
+    ``start`` is passed as the loop passes it (``decode.call_positions``: an int when the rows share it). The
     caches really hold the positions before the step (the prompt, then its last token repeated), as a
     wrapped transformers model needs; the library's GPT would attend over the zeros there just as fast."""
-    from .decode import prefill
+    from .decode import call_positions, prefill
 
     device = pair.target.device
     middle = max_new_tokens // 2
     span = max(len(r) for r in rows) + middle + gamma + 1
     held = [r + r[-1:] * middle for r in rows]
     caches = {"target": prefill(pair.target, held, length=span), "draft": prefill(pair.draft, held, length=span)}
-    start = torch.tensor([len(r) - 1 for r in held], device=device)
+    start = call_positions([len(r) - 1 for r in held], device)
     last = torch.tensor([[r[-1]] for r in rows], device=device)
     return span, caches, start, last
 
@@ -280,7 +281,7 @@ def profile_block(pair, rows: list[list[int]], gamma: int, config, max_new_token
     distributions built, sampled and verified by ``sampler.rejection_sample`` (the loop takes that path
     when the sampler is passed explicitly).
     """
-    from .decode import _next_token, _read, _sample, speculative_decode
+    from .decode import _advance, _next_token, _read, _sample, speculative_decode
     from .sampler import greedy_verify, rejection_sample
     from .transforms import logits_problem, logits_to_probs
 
@@ -292,8 +293,8 @@ def profile_block(pair, rows: list[list[int]], gamma: int, config, max_new_token
     target_logits = pair.target(last.repeat(1, gamma + 1), start, caches["target"], span=span, check=False)
     draft_probs = logits_to_probs(draft_logits, config, check=False).unsqueeze(1).repeat(1, gamma, 1)
     sequence = torch.zeros(len(rows), span + 1, dtype=torch.long, device=device)
-    ends, active = start + 1, torch.ones(len(rows), dtype=torch.bool, device=device)
-    origin = torch.arange(len(rows), device=device)
+    ends = torch.as_tensor(start, device=device).expand(len(rows)) + 1
+    active, origin = torch.ones(len(rows), dtype=torch.bool, device=device), torch.arange(len(rows), device=device)
 
     def draft_forwards():
         for i in range(gamma):
@@ -320,23 +321,22 @@ def profile_block(pair, rows: list[list[int]], gamma: int, config, max_new_token
 
     out = verification()
 
-    def bookkeeping():
+    def bookkeeping():  # the gathers of the unseen and last tokens, the outcome, the logs and the writes
         at = torch.where(active, ends, ends)
-        torch.stack([sequence[origin, at - 1], sequence[origin, at]], 1)
-        sequence[origin, at - 1].unsqueeze(1)
+        if isinstance(start, int):  # rows at one position (batch 1, say), as decode._shared passes them
+            sequence[origin, start:start + 2], sequence[origin, start:start + 1]
+        else:
+            torch.stack([sequence[origin, at - 1], sequence[origin, at]], 1), sequence[origin, at - 1].unsqueeze(1)
         num_accepted, emitted = out.num_accepted, out.tokens
         outcome = torch.stack([active.long(), num_accepted, (num_accepted == gamma).long()])
         torch.where(active, num_accepted, -1), torch.where(active, num_accepted, -1)
-        write = (emitted >= 0) & active.unsqueeze(1)
-        columns = torch.where(write, at.unsqueeze(1) + torch.arange(gamma + 1, device=device), span)
-        sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
-        torch.where(num_accepted == gamma, 2, 1), ends + torch.where(active, num_accepted + 1, 0)
+        _advance(sequence, span, origin, at, active, ends, emitted, num_accepted, gamma)
         return outcome
 
     outcome = bookkeeping()
     parts = {"draft_forwards": draft_forwards, "draft_sampling": draft_sampling, "target_forward": target_forward,
              "verification": verification, "bookkeeping": bookkeeping,
-             "host_read": lambda: _read(active, logits_problem(target_logits), outcome)}
+             "host_read": lambda: _read(active, logits_problem(target_logits), outcome, ends, ends)}
     rounds = {name: [] for name in parts}
     runs = []
     for repeat in range(repeats):

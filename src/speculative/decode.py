@@ -296,7 +296,8 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
     bound = longest  # on the host: no row's n exceeds it (a block adds at most its drafts + 1)
     while True:
         active = ends - prompt_ends < max_new_tokens  # (R,)
-        finished, bad, active_host, past = _read(active, problem, outcome)  # the block's one host read
+        at = torch.where(active, ends, prompt_ends)  # (R,): where each row's block starts
+        finished, bad, active_host, past, (at_host, behind_host) = _read(active, problem, outcome, at, behind)
         _raise_if(bad)
         for o, was_active, accepted, full in zip(origin_host, *past):  # the last block's outcome, per row
             if was_active:
@@ -309,25 +310,31 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
             # sort puts the active rows first, in order, without reading the mask back.
             keep = torch.argsort((~active).to(torch.int8), stable=True)[:len(active_host) - finished]
             target_cache, draft_cache = target_cache.select(keep), draft_cache.select(keep)
-            origin, ends, prompt_ends, behind, active = (t[keep] for t in (origin, ends, prompt_ends, behind, active))
-            origin_host = [o for o, a in zip(origin_host, active_host) if a]
+            origin, ends, prompt_ends, behind, active, at = (t[keep] for t in (origin, ends, prompt_ends, behind,
+                                                                               active, at))
+            origin_host, at_host, behind_host = ([v for v, a in zip(values, active_host) if a]
+                                                 for values in (origin_host, at_host, behind_host))
             active_host = [1] * len(origin_host)
         block_gamma, row_gamma = _plan(policy, states, origin_host, active_host, per_row, device)  # int, (R,)
         span = min(bound + block_gamma + 1, capacity)  # every position this block writes lies below it
-        at = torch.where(active, ends, prompt_ends)  # (R,): where each row's block starts
+        # positions as host ints when the rows share them (slice writes), else as (R,) tensors
+        start, lag = _shared(at_host, behind_host) or (at, behind)
         # 1. draft up to block_gamma tokens; the first step feeds the 1 or 2 tokens the draft has not seen
-        first = at - behind  # rows behind by one also feed a padding slot at n, rewritten later
-        unseen = torch.stack([sequence[origin, first], sequence[origin, first + 1]], 1)  # (R, 2)
+        first = start - lag  # rows behind by one also feed a padding slot at n, rewritten later
+        if isinstance(first, int):
+            unseen = sequence[origin, first:first + 2]  # (R, 2)
+        else:
+            unseen = torch.stack([sequence[origin, first], sequence[origin, first + 1]], 1)  # (R, 2)
         drafts, draft_probs, row_gamma, draft_problem = _draft_block(
-            draft_call, draft_cache, unseen, first, behind, at, active, row_gamma, block_gamma, span, policy,
+            draft_call, draft_cache, unseen, first, lag, start, active, row_gamma, block_gamma, span, policy,
             config, generator, keep_probs=not fast_greedy)  # (R, k), (R, k, V) or None, (R,), ()
         block_gamma = drafts.shape[1]  # k: fewer than planned when every row stopped early
         draft_forwards += block_gamma  # one forward per draft (the first also feeds the unseen tokens)
         if not per_row:  # shared: every row verifies every draft
             row_gamma = torch.full_like(row_gamma, block_gamma)
         # 2. one target forward over the last token and the k drafts
-        last = sequence[origin, at - 1].unsqueeze(1)  # (R, 1)
-        target_logits = target_call(torch.cat([last, drafts], 1), at - 1, target_cache, span=span,
+        last = sequence[origin, start - 1:start] if isinstance(start, int) else sequence[origin, at - 1].unsqueeze(1)
+        target_logits = target_call(torch.cat([last, drafts], 1), start - 1, target_cache, span=span,
                                     check=False)  # (R, k+1, V)
         problem = problem | draft_problem | logits_problem(target_logits)
         target_forwards += 1
@@ -344,11 +351,7 @@ def speculative_decode(target: GPT, draft: GPT, prompts: Sequence[Prompt], max_n
         accepted_log.append(_in_batch(torch.where(active, num_accepted, -1), origin, batch))  # (B,)
         lengths_log.append(_in_batch(torch.where(active, row_gamma, -1), origin, batch))  # (B,)
         # 4. write the emitted tokens and move each row forward; nothing to undo in the caches
-        write = (emitted >= 0) & active.unsqueeze(1)  # (R, k+1): finished rows are computed, never written
-        columns = torch.where(write, at.unsqueeze(1) + torch.arange(block_gamma + 1, device=device), scratch)
-        sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
-        ends = ends + torch.where(active, num_accepted + 1, 0)
-        behind = torch.where(num_accepted == block_gamma, 2, 1)
+        ends, behind = _advance(sequence, scratch, origin, at, active, ends, emitted, num_accepted, block_gamma)
         bound = min(bound + block_gamma + 1, capacity)
     full = sequence.tolist()
     accepted, lengths = torch.stack([torch.stack(accepted_log), torch.stack(lengths_log)]).cpu()  # (blocks, B)
@@ -389,14 +392,34 @@ def _check_pair(target: GPT, draft: GPT) -> None:
         raise ValueError(f"target is on {target.device} but draft is on {draft.device}: put both on one device")
 
 
-def _read(active: torch.Tensor, problem: torch.Tensor, outcome: Optional[torch.Tensor]):
+def _read(active: torch.Tensor, problem: torch.Tensor, outcome: Optional[torch.Tensor], at: torch.Tensor,
+          behind: torch.Tensor):
     """Return, in one host read: how many rows are finished, whether any logits were bad, which rows
-    decode (a list of 0/1), and the last block's (3, R) outcome as three lists (empty before the first)."""
+    decode (a list of 0/1), the last block's (3, R) outcome as three lists (empty before the first), and
+    each row's next block start ``at`` and ``behind`` (two lists)."""
     count = len(active)
-    parts = [(~active).sum().unsqueeze(0), problem.long().unsqueeze(0), active.long()]
+    parts = [(~active).sum().unsqueeze(0), problem.long().unsqueeze(0), active.long(), at, behind]
     host = torch.cat(parts + ([] if outcome is None else [outcome.reshape(-1)])).tolist()
-    past = host[2 + count:]
-    return host[0], host[1], host[2:2 + count], [past[i * count:(i + 1) * count] for i in range(3)]
+    rows = [host[2 + i * count:2 + (i + 1) * count] for i in range(3)]
+    past = host[2 + 3 * count:]
+    return host[0], host[1], rows[0], [past[i * count:(i + 1) * count] for i in range(3)], rows[1:]
+
+
+def call_positions(starts: Sequence[int], device) -> int | torch.Tensor:
+    """Return start positions as the decoding loop passes them to a forward: one host int when every row
+    starts at the same position (the caches are then written by slices), else a (B,) tensor. Timings
+    of single steps use it, so that they time the forward the loop runs."""
+    starts = list(starts)
+    return starts[0] if len(set(starts)) == 1 else torch.tensor(starts, device=device)
+
+
+def _shared(at_host: list, behind_host: list) -> Optional[tuple[int, int]]:
+    """Return (at, behind) when every row's block starts at one position and feeds its draft as many
+    unseen tokens (one prompt length, or batch 1): the block's forwards then take int positions, which
+    write the caches by slices instead of scattering by index. None when the rows differ."""
+    if len(set(at_host)) == 1 and len(set(behind_host)) == 1:
+        return at_host[0], behind_host[0]
+    return None
 
 
 def _plan(policy: DraftPolicy, states: list, origin_host: list, active_host: list, per_row: bool, device):
@@ -411,18 +434,23 @@ def _plan(policy: DraftPolicy, states: list, origin_host: list, active_host: lis
     return max(asked), torch.tensor([next(own) if a else 1 for a in active_host], device=device)
 
 
-def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor, behind: torch.Tensor,
-                 at: torch.Tensor, active: torch.Tensor, row_gamma: torch.Tensor, block_gamma: int, span: int,
-                 policy: DraftPolicy, config: SamplingConfig, generator: torch.Generator, keep_probs: bool = True):
+def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first, behind, at, active: torch.Tensor,
+                 row_gamma: torch.Tensor, block_gamma: int, span: int, policy: DraftPolicy, config: SamplingConfig,
+                 generator: torch.Generator, keep_probs: bool = True):
     """Return up to ``block_gamma`` drafts per row (R, k), the q each was sampled from (R, k, V; None
     unless ``keep_probs``), each row's length after its confidence stops (R,), and whether any draft
     logits were bad. Greedily without ``keep_probs`` a draft is the arg-max itself, no q built.
 
     ``unseen`` (R, 2) are the tokens from position ``first`` on, of which the draft has not fed the last
-    ``behind``; drafting stops early, at k < block_gamma, only when every decoding row has stopped."""
+    ``behind``, and the block starts at ``at``: (R,) tensors, or ints when every row shares them (the
+    forwards then write the cache by slices); drafting stops early, at k < block_gamma, only when every
+    decoding row has stopped. The draft's logits are checked for NaN / inf once, all steps together."""
     logits = call(unseen, first, cache, span=span, check=False)
-    draft_logits = logits[torch.arange(len(at), device=at.device), behind - 1]  # (R, V) at position n - 1
-    problem = logits_problem(draft_logits)
+    if isinstance(behind, int):  # every row at one position
+        draft_logits = logits[:, behind - 1]  # (R, V) at position n - 1
+    else:
+        draft_logits = logits[torch.arange(len(at), device=at.device), behind - 1]
+    seen = [draft_logits]  # every step's logits, checked together at the end (one check, not one per step)
     confident = type(policy).stop_after is not DraftPolicy.stop_after  # it may stop drafting early
     drafts, draft_probs = [], []
     for i in range(block_gamma):
@@ -443,8 +471,20 @@ def _draft_block(call, cache: KVCache, unseen: torch.Tensor, first: torch.Tensor
                 break
         if i + 1 < block_gamma:
             draft_logits = call(token.unsqueeze(1), at + i, cache, span=span, check=False)[:, -1]  # (R, V)
-            problem |= logits_problem(draft_logits)
+            seen.append(draft_logits)
+    problem = logits_problem(torch.stack(seen))
     return torch.stack(drafts, 1), torch.stack(draft_probs, 1) if draft_probs else None, row_gamma, problem
+
+
+def _advance(sequence: torch.Tensor, scratch: int, origin: torch.Tensor, at: torch.Tensor, active: torch.Tensor,
+             ends: torch.Tensor, emitted: torch.Tensor, num_accepted: torch.Tensor, block_gamma: int):
+    """Write a block's emitted tokens (R, k+1; -1 past each row's last) into ``sequence`` from each row's
+    ``at``, and return each row's new end and how many tokens its draft has not yet fed (``behind``: 2
+    after a full block, else 1). A finished row's writes go to the ``scratch`` column."""
+    write = (emitted >= 0) & active.unsqueeze(1)  # (R, k+1): finished rows are computed, never written
+    columns = torch.where(write, at.unsqueeze(1) + torch.arange(block_gamma + 1, device=at.device), scratch)
+    sequence[origin.unsqueeze(1).expand_as(columns), columns] = emitted.clamp(min=0)
+    return ends + torch.where(active, num_accepted + 1, 0), torch.where(num_accepted == block_gamma, 2, 1)
 
 
 def _in_batch(values: torch.Tensor, origin: torch.Tensor, batch: int) -> torch.Tensor:

@@ -92,7 +92,8 @@ class _Block(nn.Module):
                                  nn.Linear(4 * config.d_model, config.d_model))
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, layer: int, cache: KVCache | None, positions, mask, shared_start: int | None, span: int):
+    def forward(self, x, layer: int, cache: KVCache | None, positions, mask, causal: bool, shared_start: int | None,
+                span: int):
         batch, steps, width = x.shape  # (B, T, C)
         head_dim = width // self.n_head
         q, k, v = self.qkv(self.ln_1(x)).split(width, dim=-1)
@@ -109,7 +110,7 @@ class _Block(nn.Module):
                 cache.values[layer][rows, positions] = v.to(cache.values.dtype)
             k, v = cache.keys[layer][:, :span].to(q.dtype), cache.values[layer][:, :span].to(q.dtype)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=mask, is_causal=mask is None)  # (B, H, T, D)
+                                           attn_mask=mask, is_causal=causal)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(batch, steps, width)
         x = x + self.dropout(self.proj(y))
         return x + self.dropout(self.mlp(self.ln_2(x)))
@@ -169,7 +170,9 @@ class GPT(nn.Module):
         ``span`` bounds the cached positions attended to (0 .. span - 1); it must exceed every position
         written. ``check=False`` skips the checks that read tensor values (ids in range, positions inside
         the cache): each of those is a host-device synchronisation, so a decoding loop that made its own
-        inputs turns them off; without ``span`` it then attends over the whole cache, masked.
+        inputs turns them off; without ``span`` it then attends over the whole cache, masked. One token at
+        an int position whose ``span`` ends right after it (plain decoding's step) attends to every key
+        given, so no mask is built for it.
         """
         batch, steps = tokens.shape
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -186,6 +189,7 @@ class GPT(nn.Module):
             if steps > self.config.context:
                 raise ValueError(f"{steps} tokens exceed the context of {self.config.context}")
             positions, mask, shared_start, span = offsets.expand(batch, steps), None, None, steps
+            causal = True  # attention over the tokens alone, each to itself and those before it
         else:
             if cache.batch != batch:
                 raise ValueError(f"the cache holds {cache.batch} rows but tokens have {batch}")
@@ -210,9 +214,13 @@ class GPT(nn.Module):
                 raise ValueError(f"span must be in [1, {cache.context}], got {span}")
             if check and span <= last:
                 raise ValueError(f"span {span} does not cover position {last}, which this call writes")
-            keys = torch.arange(span, device=device)
-            mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
+            causal = False
+            if steps == 1 and shared_start is not None and span == shared_start + 1:
+                mask = None  # one query at the last position attended to: it sees every key, no mask needed
+            else:
+                keys = torch.arange(span, device=device)
+                mask = (keys.view(1, 1, span) <= positions.unsqueeze(-1)).unsqueeze(1)  # (B, 1, T, span)
         x = self.token_embedding(tokens) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, layer, cache, positions, mask, shared_start, span)
+            x = block(x, layer, cache, positions, mask, causal, shared_start, span)
         return self.head(self.ln_f(x))
