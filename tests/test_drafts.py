@@ -132,6 +132,12 @@ def test_train_drafts_distils_candidates_that_load_beside_their_pair(tmp_path):
     train_drafts(pair, tmp_path / "next", [again], 4, 4, progress=False)
     info = json.loads((tmp_path / "next" / "more" / "draft.json").read_text())
     assert info["initial_draft_sha256"] == digests["wide"] and info["train_log"]["initialised_from_trained_weights"]
+    # but not from a candidate distilled from another pair's target
+    save_tiny_pair(tmp_path / "other", seed=1)
+    other = load_pair(tmp_path / "other")
+    assert other.sha256 != pair.sha256
+    with pytest.raises(ValueError, match="distilled from pair .*, not from this pair"):
+        train_drafts(other, tmp_path / "elsewhere", [again], 4, 4, progress=False)
 
 
 def _prices(rounds: dict) -> dict:

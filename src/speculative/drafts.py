@@ -107,7 +107,7 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
     """
     from tqdm import tqdm
 
-    from .decode import prefill
+    from .decode import call_positions, prefill
 
     if not widths or any(w < 1 for w in widths) or 1 not in widths or len(set(widths)) != len(widths):
         raise ValueError(f"widths must be distinct integers >= 1 and include 1 (every cost is relative to the "
@@ -123,7 +123,7 @@ def measure_prices(target: GPT, shapes: Sequence[dict], widths: Sequence[int], r
     span = position + max(widths)
     if span > target.config.context:
         raise ValueError(f"position {position} + width {max(widths)} exceeds the context of {target.config.context}")
-    start = torch.tensor([position - 1] * len(rows), device=device)
+    start = call_positions([position - 1] * len(rows), device)  # an int, as the loop passes shared positions
     last = torch.tensor([[r[-1]] for r in held], device=device)
 
     def timer(model, width):
@@ -265,7 +265,10 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
         check_destination(out / c["name"], overwrite)
         init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
         if "from" in c:
-            init, _, start_sha256 = load_draft(c["from"], device=device)
+            init, info, start_sha256 = load_draft(c["from"], device=device)
+            if info["target_pair_sha256"] != pair.sha256:  # distilled from another target: not a start for this one
+                raise ValueError(f"candidate {c['name']} starts from {c['from']}, which was distilled from pair "
+                                 f"{info['target_pair_sha256'][:12]}, not from this pair ({pair.sha256[:12]})")
         heads = init.config.n_head if init is not None else c["n_head"]
         config = GPTConfig(vocab_size=pair.target.config.vocab_size, context=context, n_layer=c["n_layer"],
                            n_head=heads, d_model=c["d_model"])
