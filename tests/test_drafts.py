@@ -174,6 +174,13 @@ def test_the_ranking_prefers_the_draft_that_agrees_more_at_the_same_price_and_pr
     assert best["predicted"] == max(best["predicted_by_gamma"].values())
     low, high = best["predicted_ci95"]
     assert low < best["predicted"] < high
+    # by default every priced width is searched: widths 2..5 price gamma 1..4, the range passed above
+    assert analysis.draft_ranking(agreement, prices) == ranking
+    # a length whose verification width was not priced is refused, not skipped
+    with pytest.raises(ValueError, match=r"gamma \[5, 6\]: the prices record priced no verification"):
+        analysis.draft_ranking(agreement, prices, gammas=range(1, 7))
+    with pytest.raises(ValueError, match="no verification wider than one position"):
+        analysis.draft_ranking(agreement, _prices({"target_1": [1.0], "draft_2x128": [0.2]}))
     agreement["drafts"]["a"]["draft_config"] = {"n_layer": 9, "d_model": 9}
     with pytest.raises(ValueError, match="no draft of shape 9x9"):
         analysis.draft_ranking(agreement, prices)

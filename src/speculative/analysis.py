@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import statistics
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -707,14 +707,25 @@ def predicted_speedup(alpha: float, c: float, v: dict, gamma: int) -> float:
     return expected_tokens(alpha, gamma) / (gamma * c + interpolated(v, gamma))
 
 
-def draft_ranking(agreement: dict, prices: dict, gammas: Sequence[int] = range(1, 9)) -> list[dict]:
+def draft_ranking(agreement: dict, prices: dict, gammas: Optional[Sequence[int]] = None) -> list[dict]:
     """Rank each draft of an agreement record, per temperature, by the predicted speedup at its best gamma,
     from its exact alpha (the agreement record) and the forwards' prices (c of its shape and v of width
     gamma + 1, the prices record): a prediction from data no decoding run produced. The prices are the
     forwards alone; a decoding loop adds its own work per step, so a run reaches less than this. Also
-    the prediction at the interval's ends of alpha."""
+    the prediction at the interval's ends of alpha.
+
+    ``gammas`` are the lengths searched; by default every gamma >= 1 whose width gamma + 1 the prices
+    record priced. A gamma whose width was not priced is refused, not skipped."""
     price = {(r["kind"], r.get("width", r.get("shape"))): r["relative"] for r in analyse(prices)}
-    v = {g: price[("verification", g + 1)] for g in gammas if ("verification", g + 1) in price}
+    priced = sorted(w - 1 for kind, w in price if kind == "verification" and w >= 2)
+    gammas = priced if gammas is None else list(gammas)
+    if not gammas:
+        raise ValueError("no gamma to rank at: the prices record priced no verification wider than one position")
+    missing = [g for g in gammas if ("verification", g + 1) not in price]
+    if missing:
+        raise ValueError(f"gamma {missing}: the prices record priced no verification of width gamma + 1 "
+                         f"(it priced widths {[g + 1 for g in priced]})")
+    v = {g: price[("verification", g + 1)] for g in gammas}
     rows = []
     for row in analyse(agreement):
         shape = "{n_layer}x{d_model}".format(**agreement["drafts"][row["draft"]]["draft_config"])
