@@ -11,6 +11,7 @@ from conftest import TINY, save_tiny_pair
 from speculative import analysis
 from speculative.drafts import (
     acceptance_from_forwards,
+    compiled,
     load_draft,
     measure_agreement,
     save_draft,
@@ -248,3 +249,40 @@ def test_prices_refuse_widths_without_one_and_repeated_shapes():
         measure_prices(target, [{"n_layer": 1, "d_model": 8, "n_head": 1}], [2, 4], [[1, 2, 3]], position=8)
     with pytest.raises(ValueError, match="shapes must be distinct"):
         measure_prices(target, [{"n_layer": 1, "d_model": 8, "n_head": 1}] * 2, [1], [[1, 2, 3]], position=8)
+
+
+def test_a_compiled_draft_decodes_the_same_tokens_and_races_under_its_own_name(tmp_path):
+    """drafts.compiled wraps the draft only; on the tiny pair, decoding with it gives the eager draft's
+    tokens and accepted counts (same seeds), and a race records which drafts were compiled. (One test:
+    the first compile costs about a minute on a CPU.)"""
+    from speculative.bench import bench_drafts
+    from speculative.decode import speculative_decode
+
+    save_tiny_pair(tmp_path / "pair")
+    pair = load_pair(tmp_path / "pair")
+    fast = compiled(pair)
+    assert fast.target is pair.target and fast.sha256 == pair.sha256
+    assert isinstance(fast.draft, torch._dynamo.eval_frame.OptimizedModule)
+    for temperature in (0.0, 1.0):
+        config = SamplingConfig(temperature=temperature)
+        runs = [speculative_decode(p.target, p.draft, pair.prompts[:3], 8, 3, config=config,
+                                   generator=torch.Generator().manual_seed(5)) for p in (pair, fast)]
+        assert runs[0].tokens == runs[1].tokens, temperature
+        assert [a.tolist() for a in runs[0].accepted] == [a.tolist() for a in runs[1].accepted], temperature
+    race = bench_drafts(pair, {"shipped": pair, "shipped+compiled": fast}, gammas=(2,), temperatures=(1.0,),
+                        batches=(1,), prompts=2, max_new_tokens=6, repeats=1, calibration_repeats=1, progress=False)
+    assert [race["drafts"][name]["compiled"] is not None for name in ("shipped", "shipped+compiled")] == [False, True]
+    with pytest.raises(ValueError, match="compiled already"):
+        compiled(fast)
+
+
+def test_the_race_command_adds_a_compiled_twin_of_each_draft_only_when_asked(tmp_path):
+    import argparse
+
+    from speculative.__main__ import _raced_drafts
+
+    save_tiny_pair(tmp_path / "pair")
+    for flag, names in ((False, ["shipped"]), (True, ["shipped", "shipped+compiled"])):
+        _, drafts = _raced_drafts(argparse.Namespace(pair=str(tmp_path / "pair"), draft=[], compiled=flag))
+        assert list(drafts) == names
+        assert [bool(d.info.get("draft_compiled")) for d in drafts.values()] == [n.endswith("+compiled") for n in names]

@@ -337,6 +337,9 @@ def _add_bench_drafts(targets, formatter) -> None:
             race.add_argument("--no-progress", action="store_true", help="hide the progress bar")
             race.add_argument("--no-profile", action="store_true",
                               help="skip the profile of a block that ends each run (bench.profile_block)")
+            race.add_argument("--compiled", action="store_true",
+                              help="race each draft also with torch.compile on its forward (the target stays "
+                                   "eager), named NAME+compiled (drafts.compiled)")
         race.set_defaults(run=_run_bench_agreement if name == "agreement" else _run_bench_drafts)
 
 
@@ -344,7 +347,7 @@ def _raced_drafts(args) -> tuple:
     """The pair and {name: pair with that draft}: the shipped draft first, then each --draft folder."""
     from pathlib import Path
 
-    from .drafts import with_draft
+    from .drafts import compiled, with_draft
     from .pair import load_pair
 
     pair = load_pair(args.pair)
@@ -354,6 +357,8 @@ def _raced_drafts(args) -> tuple:
         if name in drafts:
             raise ValueError(f"two drafts are named {name!r}: give their folders different names")
         drafts[name] = with_draft(pair, folder)
+    if getattr(args, "compiled", False):
+        drafts.update({f"{name}+compiled": compiled(other) for name, other in drafts.items()})
     return pair, drafts
 
 

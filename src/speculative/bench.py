@@ -720,7 +720,8 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
         "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
                           "draft_parameters": other.draft.num_parameters(),
                           "from": other.info.get("draft_from", "the pair's own draft"),
-                          "training": other.info.get("draft_training")}
+                          "training": other.info.get("draft_training"),
+                          "compiled": other.info.get("draft_compiled")}
                    for name, other in drafts.items()},
         "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,
                    "forward_times_from": "the timed runs", "dtype": str(pair.target.dtype), "runs": runs},

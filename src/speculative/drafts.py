@@ -86,6 +86,18 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
                                                   base_pair_sha256=pair.sha256), sha256=combined)
 
 
+def compiled(pair: Pair) -> Pair:
+    """Return ``pair`` with its draft wrapped in ``torch.compile`` (inductor, dynamic shapes): the same
+    weights, so the same hash, with a draft step's many small operations fused. Only the draft is compiled:
+    the target, and so the distribution verification restores, stay exactly as they were (the draft only
+    sets q, which verification corrects for whatever it is). Compiling happens on the first calls, which
+    take about a minute on a CPU; a decoding run should warm up before it is timed."""
+    if pair.info.get("draft_compiled"):
+        raise ValueError("this pair's draft is compiled already")
+    return replace(pair, draft=torch.compile(pair.draft, dynamic=True),
+                   info=dict(pair.info, draft_compiled="torch.compile(dynamic=True), inductor"))
+
+
 def training_summary(info: dict) -> dict:
     """Return what a record keeps of a candidate draft's draft.json: its recipe and how far it trained."""
     log = info.get("train_log", {})
