@@ -291,6 +291,29 @@ def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
     assert "HF assisted tok/s" in capsys.readouterr().out
 
 
+def test_bench_peer_runs_keeps_each_race_and_the_range_of_ours_over_hf(tmp_path, capsys):
+    import json
+
+    from speculative import analysis
+    from speculative.__main__ import main
+
+    out = tmp_path / "peer_runs.json"
+    assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperature", "1",
+                 "--schedules", "default", "--runs", "2", "--no-progress", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["config"]["runs"] == 2 and "observations" not in record
+    assert [len(run["observations"]) for run in record["runs"]] == [2 * 5, 2 * 5]  # prompts x decoders
+    assert json.dumps(analysis.analyse(record), sort_keys=True) == json.dumps(record["results"], sort_keys=True)
+    (row,) = record["results"]
+    # each run's ratio is that run's own race, re-analysed alone; the range spans them
+    alone = [analysis.analyse(run)[0]["ours_over_hf_assisted"] for run in analysis.split_runs(record)]
+    assert row["ours_over_hf_assisted_runs"] == alone
+    assert row["ours_over_hf_assisted_range"] == [min(alone), max(alone)]
+    assert row["ours_speedup_range"][0] <= row["ours_speedup_median_run"] <= row["ours_speedup_range"][1]
+    low, high = row["ours_over_hf_assisted_range"]
+    assert f"{low:.2f}-{high:.2f}x" in capsys.readouterr().out  # the table's last column
+
+
 def test_bench_decode_runs_a_transformers_pair(tmp_path, capsys):
     import json
 

@@ -481,6 +481,9 @@ def _add_bench_peer(targets, formatter) -> None:
     peer.add_argument("--max-new-tokens", type=_int, default=d["max_new_tokens"], help="tokens generated per prompt")
     peer.add_argument("--repeats", type=_int, default=d["repeats"],
                       help="timed rounds over the prompts, after a warm-up")
+    peer.add_argument("--runs", type=_int, default=1,
+                      help="independent races, one after another, each kept in the record's runs list (their "
+                           "spread is the drift between runs)")
     peer.add_argument("--seed", type=int, default=d["seed"], help="seed of the sampling generators")
     peer.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
                       help="rounds of the step timings the auto policy is calibrated from (medians kept)")
@@ -576,9 +579,9 @@ def _run_bench_decode(args) -> int:
 def _run_bench_peer(args) -> int:
     import torch
 
-    from .bench import PeerSettings, bench_peer
+    from .bench import PeerSettings, bench_peer, bench_peer_runs
     from .pair import load_pair
-    from .report import format_peer_table
+    from .report import format_peer_runs_table, format_peer_table
 
     pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
     if args.draft:
@@ -588,7 +591,10 @@ def _run_bench_peer(args) -> int:
     settings = PeerSettings(temperatures=args.temperature, gamma=args.gamma, schedules=args.schedules,
                             policies=args.policies, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                             repeats=args.repeats, seed=args.seed, calibration_repeats=args.calibration_repeats)
-    return _write(bench_peer(pair, settings, progress=not args.no_progress), format_peer_table, args.out)
+    if args.runs == 1:
+        return _write(bench_peer(pair, settings, progress=not args.no_progress), format_peer_table, args.out)
+    return _write(bench_peer_runs(pair, settings, runs=args.runs, progress=not args.no_progress),
+                  format_peer_runs_table, args.out)
 
 
 def _write(record: dict, table, out: Optional[str]) -> int:

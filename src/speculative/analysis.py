@@ -185,15 +185,24 @@ def _each_run(record: dict) -> list[dict]:
     return [{**shared, **run} for run in record["runs"]]
 
 
+#: the headline figures whose spread over independent runs a record of several runs summarises: a decode
+#: row's speedup; a race's (bench peer) speed over transformers' assisted generation and over plain decoding
+RUN_FIGURES = ("speedup", "ours_over_hf_assisted", "ours_speedup")
+
+
 def _across_runs(per_run: list[list[dict]]) -> list[dict]:
-    """One row per configuration: each run's row under ``runs``, and the runs' speedups, their range and
-    median (the drift between runs, which no within-run interval covers)."""
+    """One row per configuration: each run's row under ``runs``, and for each of :data:`RUN_FIGURES` the
+    rows hold, its value in each run (``<figure>_runs``), their range and median (the drift between runs,
+    which no within-run interval covers)."""
     rows = []
     for same in zip(*per_run, strict=True):
-        speedups = [r["speedup"] for r in same]
-        rows.append({**{k: same[0][k] for k in CONFIGURATION if k in same[0]}, "runs": list(same),
-                     "speedup_runs": speedups, "speedup_range": [min(speedups), max(speedups)],
-                     "speedup_median_run": statistics.median(speedups)})
+        row = {**{k: same[0][k] for k in CONFIGURATION if k in same[0]}, "runs": list(same)}
+        for figure in RUN_FIGURES:
+            if figure in same[0]:
+                values = [r[figure] for r in same]
+                row.update({f"{figure}_runs": values, f"{figure}_range": [min(values), max(values)],
+                            f"{figure}_median_run": statistics.median(values)})
+        rows.append(row)
     return rows
 
 

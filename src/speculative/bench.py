@@ -31,8 +31,8 @@ from .sampler import draw_randomness, reference_rejection_sample, rejection_samp
 from .timing import Clock, environment, median_call_seconds, synchronize
 
 __all__ = ["SamplerSettings", "RunSettings", "DecodeSettings", "PeerSettings", "Decoder", "time_side_by_side",
-           "bench_sampler", "bench_decode", "bench_drafts", "bench_peer", "calibrate_steps", "split_policy",
-           "race_public_pair", "profile_block"]
+           "bench_sampler", "bench_decode", "bench_drafts", "bench_peer", "bench_peer_runs", "calibrate_steps",
+           "split_policy", "race_public_pair", "profile_block"]
 
 
 def _positive_ints(name: str, values, allow_empty: bool = False) -> tuple:
@@ -548,22 +548,28 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
     return record
 
 
+def _independent_runs(bench, runs: int, own: tuple) -> dict:
+    """Return one record of ``runs`` calls of ``bench()`` made one after another: the fields they share
+    once, each run's ``own`` fields (its environment, calibrations, observations...) in the top-level
+    ``runs`` list, and the summary of :func:`analysis.analyse` (per configuration each run's row and the
+    range of the runs' figures: the drift between runs that the interval within one run does not cover)."""
+    _positive_int("runs", runs)
+    each = [bench() for _ in range(runs)]
+    record = {k: v for k, v in each[0].items() if k not in (*own, "results")}
+    record["what"] = f"{runs} independent runs, one after another, each of: {record['what']}"
+    record["config"] = {**record["config"], "runs": runs}
+    record["runs"] = [{k: run[k] for k in own if k in run} for run in each]
+    record["results"] = analyse(record)
+    return record
+
+
 def bench_decode_runs(pair, settings: Optional[DecodeSettings] = None, *, runs: int, progress: bool = True,
                       **overrides) -> dict:
     """Return a record of ``runs`` independent runs of :func:`bench_decode` with the same settings, one after
     another: each is calibrated, warmed up and timed afresh, and kept whole (its environment, calibrations
-    and observations) in the record's top-level ``runs`` list. The summary (:func:`analysis.analyse`) gives
-    per configuration each run's row and the range of the runs' speedups: the drift between runs that the
-    interval within one run does not cover."""
-    _positive_int("runs", runs)
-    each = [bench_decode(pair, settings, progress=progress, **overrides) for _ in range(runs)]
-    own = ("environment", "calibrations", "forward_costs", "observations")
-    record = {k: v for k, v in each[0].items() if k not in (*own, "results")}
-    record["what"] = f"{runs} independent runs, one after another, each of: {record['what']}"
-    record["config"] = {**record["config"], "runs": runs}
-    record["runs"] = [{k: run[k] for k in own} for run in each]
-    record["results"] = analyse(record)
-    return record
+    and observations) in the record's top-level ``runs`` list (:func:`_independent_runs`)."""
+    return _independent_runs(lambda: bench_decode(pair, settings, progress=progress, **overrides), runs,
+                             ("environment", "calibrations", "forward_costs", "observations"))
 
 
 class _DecodeRunner:
@@ -949,6 +955,16 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
                            "base_pair_sha256": pair.info.get("base_pair_sha256")}
     record["results"] = analyse(record)
     return record
+
+
+def bench_peer_runs(pair, settings: Optional[PeerSettings] = None, *, runs: int, progress: bool = True,
+                    **overrides) -> dict:
+    """Return a record of ``runs`` independent races of :func:`bench_peer` with the same settings, one after
+    another, each warmed up and timed afresh and kept whole (its environment, calibrations, observations)
+    in the record's ``runs`` list; the summary gives each run's row and the range over the runs of this
+    engine's speed over transformers' (:func:`_independent_runs`)."""
+    return _independent_runs(lambda: bench_peer(pair, settings, progress=progress, **overrides), runs,
+                             ("environment", "calibrations", "observations"))
 
 
 def race_public_pair(target: str, draft: str, device: str = "cuda", dtype=torch.bfloat16,

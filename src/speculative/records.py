@@ -55,12 +55,15 @@ else:
     (decode, peer) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the point it
     was taken at; ``forward_costs`` (decode) the forwards timed alone.
 ``runs``
-    (decode, ``bench decode --runs N``) instead of ``environment``, ``calibrations``, ``forward_costs``
-    and ``observations``: a list of N independent runs of the same settings, made one after another,
-    each holding those four fields of its own; ``config`` adds ``runs``: N. Each run's summary rows are
-    those of a record of one run; the record's rows give, per configuration, each run's row under
-    ``runs``, and ``speedup_runs``, ``speedup_range`` and ``speedup_median_run`` over them
-    (:func:`speculative.analysis.split_runs` reads one run as a record of its own).
+    (decode, ``bench decode --runs N``; peer, ``bench peer --runs N``) instead of ``environment``,
+    ``calibrations``, ``forward_costs`` (decode) and ``observations``: a list of N independent runs of the
+    same settings, made one after another, each holding those fields of its own; ``config`` adds
+    ``runs``: N. Each run's summary rows are those of a record of one run; the record's rows give, per
+    configuration, each run's row under ``runs``, and for each figure of
+    :data:`speculative.analysis.RUN_FIGURES` a row has (decode: ``speedup``; peer:
+    ``ours_over_hf_assisted`` and ``ours_speedup``) ``<figure>_runs``, ``<figure>_range`` and
+    ``<figure>_median_run`` over them (:func:`speculative.analysis.split_runs` reads one run as a record
+    of its own).
 ``results``
     the summary: :func:`speculative.analysis.analyse` of everything above. Nothing else writes it, and
     ``tests/test_records.py`` re-analyses every committed record of this schema and gets it back.

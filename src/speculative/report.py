@@ -12,8 +12,8 @@ import statistics
 from typing import Optional
 
 __all__ = ["describe_machine", "ratio_bound", "format_sampler_table", "format_decode_table", "format_peer_table",
-           "format_runs_table", "format_prices_table", "format_agreement_table", "format_drafts_table",
-           "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
+           "format_runs_table", "format_peer_runs_table", "format_prices_table", "format_agreement_table",
+           "format_drafts_table", "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
 
 
 def describe_machine(environment: dict) -> str:
@@ -171,6 +171,32 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
              f"{record['config']['prompts']} prompts x {record['config']['repeats']} repeats, "
              f"{record['config']['max_new_tokens']} new tokens; transformers {env['transformers']}, "
              f"{describe_machine(env)}."]
+    return _table(headers, rows, notes, markdown)
+
+
+
+def format_peer_runs_table(record: dict, markdown: bool = False) -> str:
+    """Return a race of several runs (``bench peer --runs N``) as a table: one line per (temperature,
+    transformers schedule, this engine's policy), this engine's speed over transformers' assisted generation
+    in each run with its 95% interval over prompts, and the range over the runs; then what each run was
+    measured on."""
+    times, dash = ("×", "–") if markdown else ("x", "-")
+    rows = []
+    for row in record["results"]:
+        cells = [f"{row['temperature']:g}", row["hf_schedule"], row.get("policy", "fixed")]
+        for run in row["runs"]:
+            low, high = run["ours_over_hf_assisted_ci95"]
+            cells.append(f"{run['ours_over_hf_assisted']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)})")
+        low, high = row["ours_over_hf_assisted_range"]
+        rows.append(cells + [f"{low:.2f}{dash}{high:.2f}{times}"])
+    headers = ["T", "HF schedule", "ours: policy",
+               *(f"ours/HF, run {i + 1} (95% interval)" for i in range(len(record["runs"]))), "range over runs"]
+    config = record["config"]
+    notes = [f"run {i + 1}: {run['environment']['date_utc']}, {describe_machine(run['environment'])}, transformers "
+             f"{run['environment']['transformers']}" for i, run in enumerate(record["runs"])]
+    notes += [f"pair {record['pair_sha256'][:12]}; {config['prompts']} prompts x {config['repeats']} repeats, "
+              f"{config['max_new_tokens']} new tokens, batch 1, per run; fixed gamma {config['gamma']}; "
+              "ours/HF as in the race's table"]
     return _table(headers, rows, notes, markdown)
 
 
