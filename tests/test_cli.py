@@ -288,6 +288,16 @@ def test_bench_drafts_races_a_candidate_beside_the_pairs_own_draft(tiny_pair_dir
     record = json.loads(out.read_text())
     assert list(record["drafts"]) == ["shipped", "wide"] and record["config"]["runs"] == 2
     assert all(run["profiles"] == [] for run in record["runs"])
+    # the calibration also decoded a prompt the race did not (the third of four) and predicts from it:
+    # tokens per call x plain decoding's seconds per token / a decoded block's seconds
+    for row in record["results"]:
+        for run, alone in zip(row["runs"], record["runs"]):
+            (raw,) = [c for c in alone["calibrations"] if c["draft"] == row["draft"]]
+            seconds = raw["seconds"]
+            assert len(raw["rounds"]["block_decoded_2"]) == 1 and seconds["plain_decoded"] > 0
+            expected = run["tokens_per_target_forward"] * seconds["plain_decoded"] / seconds["block_decoded_2"]
+            assert run["predicted_decoded"] == pytest.approx(expected)
+            assert run["efficiency_decoded"] == pytest.approx(run["speedup"] / expected)
     printed = capsys.readouterr().out
     assert "speedup per run" in printed and "wide" in printed
     assert main(["bench", "drafts", "--pair", str(tiny_pair_dir), "--draft", str(tmp_path / "wide"), "--draft",

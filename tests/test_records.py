@@ -224,3 +224,29 @@ def test_the_committed_records_hold_the_headline_configuration_several_times():
                                         drafts=1)
         assert found["n"] >= 3 and not found["left_out"], found
         assert found["low"] <= found["median"] <= found["high"]
+
+
+def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
+    from speculative.analysis import head_to_head
+
+    # speeds over each library's own plain decoding: run 1 alone would pick the confidence policy and the
+    # heuristic schedule; the medians pick the others
+    ours = {"fixed": [1.0, 1.2, 1.2], "confidence": [1.3, 1.1, 1.1]}
+    theirs = {"default": [0.9, 0.9, 0.9], "heuristic": [1.0, 0.8, 0.8]}
+    ratio = {("fixed", "default"): ([1.2, 1.5, 1.3], [[1.1, 1.3], [1.4, 1.6], [0.95, 1.5]])}
+
+    def row(policy, schedule, i):
+        value, interval = ratio.get((policy, schedule), ([2.0] * 3, [[1.9, 2.1]] * 3))
+        return {"temperature": 1.0, "policy": policy, "hf_schedule": schedule, "ours_speedup": ours[policy][i],
+                "hf_assisted_speedup": theirs[schedule][i], "ours_over_hf_assisted": value[i],
+                "ours_over_hf_assisted_ci95": interval[i]}
+
+    results = [{"temperature": 1.0, "policy": p, "hf_schedule": s, "runs": [row(p, s, i) for i in range(3)]}
+               for p in ours for s in theirs]
+    record = {"benchmark": "peer", "runs": [{}, {}, {}], "results": results}
+    found = head_to_head(record, 1.0)
+    assert (found["policy"], found["hf_schedule"], found["runs"]) == ("fixed", "default", 3)
+    assert found["ratios"] == [1.2, 1.5, 1.3] and found["range"] == [1.2, 1.5]
+    assert (found["median"], found["median_ci95"], found["lowest_bound"]) == (1.3, [0.95, 1.5], 0.95)
+    with pytest.raises(ValueError, match="no rows at temperature 0"):
+        head_to_head(record, 0.0)

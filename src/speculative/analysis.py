@@ -24,11 +24,11 @@ from .policy import expected_tokens, make_policy
 from .stats import measured_acceptance_rate
 
 __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "step_costs", "calibration_costs",
-           "repeat_share", "interpolated", "decode_variants", "price_cliffs", "draft_ranking",
+           "repeat_share", "interpolated", "decoded_costs", "decode_variants", "price_cliffs", "draft_ranking",
            "predicted_speedup", "compare_drafts", "mean_interval", "block_profile",
            "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
-           "row_where", "across_records", "compare_rows", "split_runs"]
+           "row_where", "across_records", "compare_rows", "split_runs", "head_to_head"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -108,6 +108,15 @@ def step_costs(seconds: dict, gammas, plain_seconds: float) -> dict:
             "v_from_alone": fallback}
 
 
+def decoded_costs(seconds: dict, gammas) -> dict:
+    """Return c and v(gamma) from a calibration's whole decoding calls, relative to plain decoding's
+    seconds per token (``plain_decoded``): v(gamma) is a decoded block's seconds (``block_decoded_<gamma>``)
+    beyond gamma draft steps timed alone, so that gamma c + v(gamma) is the block as the loop ran it and the
+    prediction tokens per call / (gamma c + v) is tokens per call x plain's seconds per token / a block's."""
+    plain, draft = seconds["plain_decoded"], seconds["draft"]
+    return {"c": draft / plain, "v": {g: (seconds[f"block_decoded_{g}"] - g * draft) / plain for g in gammas}}
+
+
 def calibration_costs(calibration: dict, plain_seconds: float = None) -> dict:
     """Return a raw calibration (``seconds`` of each step, from :func:`bench.calibrate_steps`) with c, v,
     v_alone and v_from_alone added, relative to its own plain step or to ``plain_seconds``: multi-draft
@@ -117,6 +126,8 @@ def calibration_costs(calibration: dict, plain_seconds: float = None) -> dict:
     gammas = sorted(int(name.split("_")[1]) for name in seconds if name.startswith("verify_"))
     relative = seconds["plain"] if plain_seconds is None else plain_seconds
     out = {**calibration, **step_costs(seconds, gammas, relative)}
+    if "plain_decoded" in seconds:  # whole decoding calls on held-out prompts (bench.calibrate_steps)
+        out["decoded"] = decoded_costs(seconds, gammas)
     if plain_seconds is not None:
         out["relative_to_plain_seconds"] = plain_seconds
     return out
@@ -327,6 +338,8 @@ def _decode_row(config, observations, variant, calibration, costs, batch, temper
         alpha = measured_acceptance_rate([accepted], gamma)
     c_cal = calibration["c"]
     predicted = tokens_per_forward / (block_gamma * c_cal + v_cal)
+    decoded = calibration.get("decoded") if gamma != "auto" else None
+    predicted_decoded = tokens_per_forward / (gamma * decoded["c"] + decoded["v"][gamma]) if decoded else None
     decomposed = tokens_per_forward / (block_gamma * c + v)
     tokens = batch * new * repeats * groups
     return {
@@ -338,6 +351,8 @@ def _decode_row(config, observations, variant, calibration, costs, batch, temper
         "speedup_per_repeat": [sum(map(_decode_seconds, plain[k])) / sum(map(_decode_seconds, spec[k]))
                                for k in range(repeats)],
         "predicted": predicted, "efficiency": speedup / predicted,
+        **({"predicted_decoded": predicted_decoded, "efficiency_decoded": speedup / predicted_decoded}
+           if decoded else {}),
         "calibration": {"c": c_cal, "v": v_cal, "v_alone": calibration["v_alone"].get(gamma),
                         "v_from_alone": calibration["v_from_alone"], **({"v_fitted": fitted} if fitted else {})},
         "mean_gamma": block_gamma,
@@ -488,6 +503,35 @@ def rows_where(record: dict, **fields) -> list[dict]:
     as "token" and a missing ``drafts`` as 1, as in records written before they were kept)."""
     implied = {"rule": "token", "drafts": 1}
     return [r for r in record["results"] if all(r.get(k, implied.get(k)) == v for k, v in fields.items())]
+
+
+def head_to_head(record: dict, temperature: float) -> dict:
+    """Return, from a race against transformers (``bench peer``, one run or several), this engine's fastest
+    policy against transformers' fastest schedule at ``temperature``, then in every run the ratio ours / HF
+    (``ratios``) with its 95% interval paired by prompt (``intervals``), the run with the median ratio
+    (``median``, ``median_ci95``), the range over the runs and the lowest interval bound of any run
+    (``lowest_bound``). Each side's fastest is the one with the largest median over the runs of its speed
+    over its own library's plain decoding in the same run: within a run that orders them as their speeds
+    do, and across runs it is not swayed by a run on which the whole machine was slower."""
+    runs = split_runs(record)
+    here = [rows_where(run, temperature=temperature) for run in runs]
+    if not here[0]:
+        raise ValueError(f"the race has no rows at temperature {temperature}")
+
+    def median_rate(field: str, key: str, value: str) -> float:
+        return statistics.median(next(r[key] for r in rows if r[field] == value) for rows in here)
+
+    ours = max(dict.fromkeys(r["policy"] for r in here[0]), key=lambda p: median_rate("policy", "ours_speedup", p))
+    theirs = max(dict.fromkeys(r["hf_schedule"] for r in here[0]),
+                 key=lambda s: median_rate("hf_schedule", "hf_assisted_speedup", s))
+    chosen = [row_where(run, temperature=temperature, policy=ours, hf_schedule=theirs) for run in runs]
+    ratios = [r["ours_over_hf_assisted"] for r in chosen]
+    middle = sorted(chosen, key=lambda r: r["ours_over_hf_assisted"])[len(chosen) // 2]
+    return {"temperature": temperature, "policy": ours, "hf_schedule": theirs, "runs": len(runs), "ratios": ratios,
+            "intervals": [r["ours_over_hf_assisted_ci95"] for r in chosen],
+            "median": middle["ours_over_hf_assisted"], "median_ci95": middle["ours_over_hf_assisted_ci95"],
+            "range": [min(ratios), max(ratios)],
+            "lowest_bound": min(r["ours_over_hf_assisted_ci95"][0] for r in chosen)}
 
 
 def row_where(record: dict, **fields) -> dict:

@@ -184,10 +184,36 @@ def _mid_run(pair, rows: list[list[int]], max_new_tokens: int, gamma: int):
     return span, caches, start, last
 
 
+def _calibration_decodes(pair, decode_rows, batch: int, gammas, config, max_new_tokens: int,
+                         generator: torch.Generator, rule: str) -> dict[str, Callable[[], float]]:
+    """Return the whole decoding calls :func:`calibrate_steps` times on ``decode_rows`` (none without
+    them): ``plain_decoded`` (seconds per token) and ``block_decoded_<gamma>`` (seconds per block), each
+    timed from after its prefill to its end."""
+    from .decode import plain_decode, speculative_decode
+
+    if decode_rows is None:
+        return {}
+    if len(decode_rows) != batch:
+        raise ValueError(f"decode_rows must hold as many rows as the calibration ({batch}), got {len(decode_rows)}")
+
+    def decoded(gamma):
+        def call() -> float:
+            clock = Clock(pair.target.device)
+            if gamma is None:
+                result = plain_decode(pair.target, decode_rows, max_new_tokens, config, generator, clock=clock)
+                return (result.seconds - result.prefill_seconds) / max_new_tokens
+            result = speculative_decode(pair.target, pair.draft, decode_rows, max_new_tokens, gamma, config,
+                                        generator, clock=clock, rule=rule)
+            return (result.seconds - result.prefill_seconds) / len(result.accepted)
+        return call
+
+    return {"plain_decoded": decoded(None), **{f"block_decoded_{g}": decoded(g) for g in gammas}}
+
+
 @torch.no_grad()
 def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int,
                     repeats: int = defaults.BENCH_DECODE["calibration_repeats"], seed: int = 0,
-                    rule: str = "token") -> dict:
+                    rule: str = "token", decode_rows: Optional[list[list[int]]] = None) -> dict:
     """Return the median seconds of each step of the decoding loops, timed apart from any decoding run.
 
     A step is what the loops do per call, not the forward alone: a plain step is one target forward,
@@ -202,6 +228,13 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     draft steps: the verification as the loop pays for it) and v_alone(gamma) (a verification step
     repeated alone). ``rule`` is the verification rule whose sampler the verification step runs. The
     raw rounds are returned too (``rounds``), and the costs come from :func:`analysis.calibration_costs`.
+
+    ``decode_rows`` (token ids, as many rows as ``rows``; prompts that the measured runs do not decode)
+    adds, to every round, whole decoding calls of ``max_new_tokens`` on them, timed without the prefill:
+    ``plain_decoded``, plain decoding's seconds per token, and ``block_decoded_<gamma>``, speculative
+    decoding's seconds per block at each gamma. Those blocks pay everything the loop pays (its
+    bookkeeping, its host read, its Python, the caches as the loop leaves them), which the steps timed
+    one at a time leave out; their analysis is ``decoded`` in :func:`analysis.calibration_costs`.
     """
     from .decode import _next_token, _sample
     from .sampler import greedy_verify, rule_sampler
@@ -254,10 +287,13 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 
     steps = {"plain": single("target"), "draft": single("draft"),
              **{f"verify_{g}": verify(g) for g in gammas}, **{f"block_{g}": block(g) for g in gammas}}
-    rounds = {name: [] for name in steps}
+    decodes = _calibration_decodes(pair, decode_rows, len(rows), gammas, config, max_new_tokens, generator, rule)
+    rounds = {name: [] for name in (*steps, *decodes)}
     for _ in range(repeats):
         for name, step in steps.items():
             rounds[name].append(median_call_seconds(step, min_run_time=0.2))
+        for name, decode in decodes.items():
+            rounds[name].append(decode())
     seconds = {name: statistics.median(times) for name, times in rounds.items()}
     return calibration_costs({"seconds": seconds, "rounds": rounds, "repeats": repeats})
 
@@ -632,6 +668,15 @@ def _profiles(pair, s: DecodeSettings) -> list[dict]:
     return out
 
 
+def _held_out(pair, raced: int, batch: int) -> Optional[list[list[int]]]:
+    """Return the ``batch`` prompts that follow the ``raced`` ones in the pair's set, encoded, for the
+    calibration's whole decoding calls; None when the set has too few left."""
+    from .decode import encode_prompts
+
+    rest = pair.prompts[raced:raced + batch]
+    return encode_prompts(rest, pair.target.config.vocab_size) if len(rest) == batch else None
+
+
 def _check_drafts(pair, drafts: dict, s: DecodeSettings, profile: bool) -> None:
     """Raise a ValueError, before any run, if a draft of ``drafts`` cannot race beside ``pair``'s target."""
     from .decode import check_room, encode_prompts
@@ -688,6 +733,7 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
         for batch in s.batches:
             groups = [pair.prompts[i:i + batch] for i in range(0, s.prompts, batch)]
             rows = encode_prompts(groups[0], vocab)
+            held_out = _held_out(pair, s.prompts, batch)
             for name, other in drafts.items():
                 forward_costs.append({"batch": batch, "draft": name, "seconds": _forward_costs(other, rows, s.fixed)})
             for temperature in s.temperatures:
@@ -696,7 +742,7 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
                 runners = {}
                 for name, other in drafts.items():
                     raw = calibrate_steps(other, rows, s.fixed, config, s.max_new_tokens,
-                                          repeats=s.calibration_repeats, seed=s.seed)
+                                          repeats=s.calibration_repeats, seed=s.seed, decode_rows=held_out)
                     calibrations.append({**point, "rule": "token", "drafts": 1, "draft": name,
                                          **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
                     runners[name] = _DecodeRunner(other, s, config, {("token", 1): raw})
@@ -730,7 +776,9 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
                           "compiled": other.info.get("draft_compiled")}
                    for name, other in drafts.items()},
         "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,
-                   "forward_times_from": "the timed runs", "dtype": str(pair.target.dtype), "runs": runs},
+                   "forward_times_from": "the timed runs", "dtype": str(pair.target.dtype), "runs": runs,
+                   "calibration_decodes": "the prompts after those raced, one per row, at each batch size where "
+                                          "the pair's set has them left"},
     }
     record.update(each[0] if runs == 1 else {"runs": each})
     if runs == 1:

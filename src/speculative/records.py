@@ -52,8 +52,10 @@ else:
     - agreement: one per (draft, temperature): ``rates``, each held-out context's exact acceptance rate,
       and ``contexts_sha256``; nothing timed, so its ``environment`` has no host probe.
 ``calibrations``
-    (decode, peer) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the point it
-    was taken at; ``forward_costs`` (decode) the forwards timed alone.
+    (decode, peer, drafts) the raw seconds of :func:`speculative.bench.calibrate_steps`, each with the
+    point it was taken at; in a drafts race they also hold ``plain_decoded`` and ``block_decoded_<gamma>``,
+    whole decoding calls on the prompts after those raced (``config.calibration_decodes``);
+    ``forward_costs`` (decode) the forwards timed alone.
 ``runs``
     (decode, ``bench decode --runs N``; peer, ``bench peer --runs N``) instead of ``environment``,
     ``calibrations``, ``forward_costs`` (decode) and ``observations``: a list of N independent runs of the

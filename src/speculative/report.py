@@ -227,8 +227,10 @@ def format_agreement_table(record: dict, markdown: bool = False) -> str:
 
 
 def format_drafts_table(record: dict, markdown: bool = False) -> str:
-    """Return a drafts race as a table: one line per draft and point, each run's speedup."""
+    """Return a drafts race as a table: one line per draft and point, each run's speedup; a race whose
+    calibration also decoded held-out prompts gets that prediction and its efficiency too."""
     rows = []
+    decoded = all("predicted_decoded" in r for row in record["results"] for r in row.get("runs", [row]))
     for row in record["results"]:
         runs = row.get("runs", [row])
         speedups = " ".join(f"{r['speedup']:.2f}" for r in runs)
@@ -236,7 +238,13 @@ def format_drafts_table(record: dict, markdown: bool = False) -> str:
                      f"{statistics.median(r['alpha'] for r in runs):.3f}", speedups,
                      f"{statistics.median(r['predicted'] for r in runs):.2f}",
                      f"{statistics.median(r['efficiency'] for r in runs):.2f}"])
+        if decoded:
+            rows[-1] += [f"{statistics.median(r['predicted_decoded'] for r in runs):.2f}",
+                         f"{statistics.median(r['efficiency_decoded'] for r in runs):.2f}"]
     notes = [f"pair {record['pair_sha256'][:12]}; {record['config']['prompts']} prompts, "
              f"{record['config']['max_new_tokens']} new tokens; speedup of each run over plain decoding; "
-             "alpha, prediction and efficiency: the median over runs"]
-    return _table(["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."], rows, notes, markdown)
+             "alpha, prediction and efficiency: the median over runs"
+             + ("; pred./effic. from the steps timed one at a time, decoded: from whole decoding calls on "
+                "held-out prompts" if decoded else "")]
+    headers = ["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."]
+    return _table(headers + (["pred. decoded", "effic. decoded"] if decoded else []), rows, notes, markdown)
