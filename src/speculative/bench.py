@@ -187,8 +187,8 @@ def _mid_run(pair, rows: list[list[int]], max_new_tokens: int, gamma: int):
 def _calibration_decodes(pair, decode_rows, batch: int, gammas, config, max_new_tokens: int,
                          generator: torch.Generator, rule: str) -> dict[str, Callable[[], float]]:
     """Return the whole decoding calls :func:`calibrate_steps` times on ``decode_rows`` (none without
-    them): ``plain_decoded`` (seconds per token) and ``block_decoded_<gamma>`` (seconds per block), each
-    timed from after its prefill to its end."""
+    them): ``plain_decoded`` (seconds per step, one token per row) and ``block_decoded_<gamma>`` (seconds
+    per block), each timed from after its prefill to its end."""
     from .decode import plain_decode, speculative_decode
 
     if decode_rows is None:
@@ -231,8 +231,8 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 
     ``decode_rows`` (token ids, as many rows as ``rows``; prompts that the measured runs do not decode)
     adds, to every round, whole decoding calls of ``max_new_tokens`` on them, timed without the prefill:
-    ``plain_decoded``, plain decoding's seconds per token, and ``block_decoded_<gamma>``, speculative
-    decoding's seconds per block at each gamma. Those blocks pay everything the loop pays (its
+    ``plain_decoded``, plain decoding's seconds per step (one token per row), and ``block_decoded_<gamma>``,
+    speculative decoding's seconds per block at each gamma. Those blocks pay everything the loop pays (its
     bookkeeping, its host read, its Python, the caches as the loop leaves them), which the steps timed
     one at a time leave out; their analysis is ``decoded`` in :func:`analysis.calibration_costs`.
     """
