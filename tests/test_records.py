@@ -248,5 +248,17 @@ def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
     assert (found["policy"], found["hf_schedule"], found["runs"]) == ("fixed", "default", 3)
     assert found["ratios"] == [1.2, 1.5, 1.3] and found["range"] == [1.2, 1.5]
     assert (found["median"], found["median_ci95"], found["lowest_bound"]) == (1.3, [0.95, 1.5], 0.95)
+    assert found["ours_margin"] == pytest.approx(1.2 / 1.1)  # fixed's median speedup over confidence's
     with pytest.raises(ValueError, match="no rows at temperature 0"):
         head_to_head(record, 0.0)
+
+
+def test_race_efficiency_pools_every_row_and_run_and_gives_each_run_its_median():
+    from speculative.analysis import race_efficiency
+
+    values = [[0.9, 1.0, 1.1], [0.8, 0.95, 1.2]]  # rows x runs
+    results = [{"runs": [{"efficiency": v} for v in row]} for row in values]
+    record = {"benchmark": "drafts", "runs": [{}, {}, {}], "results": results}
+    found = race_efficiency(record, "efficiency")
+    assert (found["points"], found["min"], found["max"]) == (6, 0.8, 1.2) and found["median"] == pytest.approx(0.975)
+    assert found["run_medians"] == pytest.approx([0.85, 0.975, 1.15])

@@ -28,7 +28,7 @@ __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "st
            "predicted_speedup", "compare_drafts", "mean_interval", "block_profile",
            "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
-           "row_where", "across_records", "compare_rows", "split_runs", "head_to_head"]
+           "row_where", "across_records", "compare_rows", "split_runs", "head_to_head", "race_efficiency"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -110,9 +110,10 @@ def step_costs(seconds: dict, gammas, plain_seconds: float) -> dict:
 
 def decoded_costs(seconds: dict, gammas) -> dict:
     """Return c and v(gamma) from a calibration's whole decoding calls, relative to plain decoding's
-    seconds per token (``plain_decoded``): v(gamma) is a decoded block's seconds (``block_decoded_<gamma>``)
-    beyond gamma draft steps timed alone, so that gamma c + v(gamma) is the block as the loop ran it and the
-    prediction tokens per call / (gamma c + v) is tokens per call x plain's seconds per token / a block's."""
+    seconds per step (``plain_decoded``, one token per row): v(gamma) is a decoded block's seconds
+    (``block_decoded_<gamma>``) beyond gamma draft steps timed alone, so that gamma c + v(gamma) is the
+    block as the loop ran it and the prediction tokens per call / (gamma c + v) is tokens per call x
+    plain's seconds per step / a block's."""
     plain, draft = seconds["plain_decoded"], seconds["draft"]
     return {"c": draft / plain, "v": {g: (seconds[f"block_decoded_{g}"] - g * draft) / plain for g in gammas}}
 
@@ -512,7 +513,8 @@ def head_to_head(record: dict, temperature: float) -> dict:
     (``median``, ``median_ci95``), the range over the runs and the lowest interval bound of any run
     (``lowest_bound``). Each side's fastest is the one with the largest median over the runs of its speed
     over its own library's plain decoding in the same run: within a run that orders them as their speeds
-    do, and across runs it is not swayed by a run on which the whole machine was slower."""
+    do, and across runs it is not swayed by a run on which the whole machine was slower. ``ours_margin``
+    is this engine's chosen policy's median over the next fastest policy's (None when only one raced)."""
     runs = split_runs(record)
     here = [rows_where(run, temperature=temperature) for run in runs]
     if not here[0]:
@@ -521,7 +523,9 @@ def head_to_head(record: dict, temperature: float) -> dict:
     def median_rate(field: str, key: str, value: str) -> float:
         return statistics.median(next(r[key] for r in rows if r[field] == value) for rows in here)
 
-    ours = max(dict.fromkeys(r["policy"] for r in here[0]), key=lambda p: median_rate("policy", "ours_speedup", p))
+    ours_medians = {p: median_rate("policy", "ours_speedup", p) for p in dict.fromkeys(r["policy"] for r in here[0])}
+    ours = max(ours_medians, key=ours_medians.get)
+    others = [m for p, m in ours_medians.items() if p != ours]
     theirs = max(dict.fromkeys(r["hf_schedule"] for r in here[0]),
                  key=lambda s: median_rate("hf_schedule", "hf_assisted_speedup", s))
     chosen = [row_where(run, temperature=temperature, policy=ours, hf_schedule=theirs) for run in runs]
@@ -531,7 +535,17 @@ def head_to_head(record: dict, temperature: float) -> dict:
             "intervals": [r["ours_over_hf_assisted_ci95"] for r in chosen],
             "median": middle["ours_over_hf_assisted"], "median_ci95": middle["ours_over_hf_assisted_ci95"],
             "range": [min(ratios), max(ratios)],
-            "lowest_bound": min(r["ours_over_hf_assisted_ci95"][0] for r in chosen)}
+            "lowest_bound": min(r["ours_over_hf_assisted_ci95"][0] for r in chosen),
+            "ours_margin": ours_medians[ours] / max(others) if others else None}
+
+
+def race_efficiency(record: dict, key: str = "efficiency_decoded") -> dict:
+    """Return a decoding record's efficiencies (``key``: ``efficiency``, from the steps calibration, or
+    ``efficiency_decoded``, from whole decoded blocks) over all its rows and runs: their count, median,
+    smallest and largest, and each run's own median (``run_medians``)."""
+    points = [r[key] for row in record["results"] for r in row.get("runs", [row])]
+    return {"points": len(points), "median": statistics.median(points), "min": min(points), "max": max(points),
+            "run_medians": [statistics.median(r[key] for r in run["results"]) for run in split_runs(record)]}
 
 
 def row_where(record: dict, **fields) -> dict:

@@ -232,9 +232,10 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     ``decode_rows`` (token ids, as many rows as ``rows``; prompts that the measured runs do not decode)
     adds, to every round, whole decoding calls of ``max_new_tokens`` on them, timed without the prefill:
     ``plain_decoded``, plain decoding's seconds per step (one token per row), and ``block_decoded_<gamma>``,
-    speculative decoding's seconds per block at each gamma. Those blocks pay everything the loop pays (its
-    bookkeeping, its host read, its Python, the caches as the loop leaves them), which the steps timed
-    one at a time leave out; their analysis is ``decoded`` in :func:`analysis.calibration_costs`.
+    speculative decoding's seconds per block at each gamma. Those blocks pay everything the loop pays
+    (writing the emitted tokens, moving positions, planning the next block, logging, its Python, the
+    caches as a whole run leaves them), which the blocks timed above in a loop of their own leave out;
+    their analysis is ``decoded`` in :func:`analysis.calibration_costs`.
     """
     from .decode import _next_token, _sample
     from .sampler import greedy_verify, rule_sampler
@@ -594,7 +595,7 @@ def _independent_runs(bench, runs: int, own: tuple) -> dict:
     record = {k: v for k, v in each[0].items() if k not in (*own, "results")}
     record["what"] = f"{runs} independent runs, one after another, each of: {record['what']}"
     record["config"] = {**record["config"], "runs": runs}
-    record["runs"] = [{k: run[k] for k in own if k in run} for run in each]
+    record["runs"] = [{k: run[k] for k in own} for run in each]
     record["results"] = analyse(record)
     return record
 

@@ -174,7 +174,6 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
     return _table(headers, rows, notes, markdown)
 
 
-
 def format_peer_runs_table(record: dict, markdown: bool = False) -> str:
     """Return a race of several runs (``bench peer --runs N``) as a table: one line per (temperature,
     transformers schedule, this engine's policy), this engine's speed over transformers' assisted generation
@@ -198,7 +197,6 @@ def format_peer_runs_table(record: dict, markdown: bool = False) -> str:
               f"{config['max_new_tokens']} new tokens, batch 1, per run; fixed gamma {config['gamma']}; "
               "ours/HF as in the race's table"]
     return _table(headers, rows, notes, markdown)
-
 
 
 def format_prices_table(record: dict, markdown: bool = False) -> str:
@@ -244,7 +242,7 @@ def format_drafts_table(record: dict, markdown: bool = False) -> str:
     notes = [f"pair {record['pair_sha256'][:12]}; {record['config']['prompts']} prompts, "
              f"{record['config']['max_new_tokens']} new tokens; speedup of each run over plain decoding; "
              "alpha, prediction and efficiency: the median over runs"
-             + ("; pred./effic. from the steps timed one at a time, decoded: from whole decoding calls on "
-                "held-out prompts" if decoded else "")]
+             + ("; pred./effic. from the steps and blocks timed apart from any run, decoded: from whole "
+                "decoding calls on held-out prompts" if decoded else "")]
     headers = ["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."]
     return _table(headers + (["pred. decoded", "effic. decoded"] if decoded else []), rows, notes, markdown)
