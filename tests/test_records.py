@@ -226,6 +226,19 @@ def test_the_committed_records_hold_the_headline_configuration_several_times():
         assert found["low"] <= found["median"] <= found["high"]
 
 
+def test_best_length_is_the_draft_length_with_the_highest_median_over_runs():
+    def row(gamma, speedups):
+        return {"draft": "d", "temperature": 1.0, "gamma": gamma, "speedup_runs": speedups,
+                "speedup_median_run": sorted(speedups)[len(speedups) // 2]}
+
+    # gamma 4 wins the first run and has the single fastest run; gamma 6 has the highest median over runs
+    record = {"results": [row(4, [2.5, 1.5, 1.6]), row(6, [2.0, 1.9, 1.95]), row(8, [1.0, 1.1, 1.2]),
+                          {**row(6, [9.0, 9.0, 9.0]), "draft": "other"}]}
+    assert analysis.best_length(record, "d", 1.0)["gamma"] == 6
+    with pytest.raises(ValueError, match="no draft 'd' at temperature 0"):
+        analysis.best_length(record, "d", 0.0)
+
+
 def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
     from speculative.analysis import head_to_head
 

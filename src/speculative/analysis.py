@@ -506,6 +506,16 @@ def rows_where(record: dict, **fields) -> list[dict]:
     return [r for r in record["results"] if all(r.get(k, implied.get(k)) == v for k, v in fields.items())]
 
 
+def best_length(record: dict, draft: str, temperature: float) -> dict:
+    """Return, from a race of drafts (``bench drafts``), ``draft``'s row at ``temperature`` whose speedup
+    over plain decoding has the largest median over the runs (``speedup_median_run``): its best fixed
+    length among those raced. A ValueError names a draft or temperature the record did not race."""
+    rows = rows_where(record, draft=draft, temperature=temperature)
+    if not rows:
+        raise ValueError(f"the record raced no draft {draft!r} at temperature {temperature:g}")
+    return max(rows, key=lambda r: r["speedup_median_run"])
+
+
 def head_to_head(record: dict, temperature: float) -> dict:
     """Return, from a race against transformers (``bench peer``, one run or several), this engine's fastest
     policy against transformers' fastest schedule at ``temperature``, then in every run the ratio ours / HF
