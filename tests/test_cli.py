@@ -172,6 +172,8 @@ def test_bad_decode_settings_fail_at_once_with_one_line(argv, message, capsys, t
         (["bench", "agreement", "--draft", "no-such-folder"], "no draft at no-such-folder"),
         (["bench", "drafts", "--gamma", "0"], "comma-separated integers >= 1"),
         (["bench", "peer", "--draft", "no-such-folder"], "no draft at no-such-folder"),
+        (["bench", "peer", "--pair", "no-such-folder"], "no model pair at no-such-folder"),
+        (["ship-draft", "--draft", "no-such-folder", "--out", "x"], "no draft at no-such-folder"),
     ],
 )
 def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
@@ -270,6 +272,24 @@ def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
     greedy = compare_variants(record, ("token", 1), ("block", 1))
     assert [c["tokens_per_call_ratio"] for c in greedy if c["temperature"] == 0] == [1.0]
     assert "block" in capsys.readouterr().out
+
+
+def test_ship_draft_writes_a_pair_with_the_candidates_draft(tiny_pair_dir, tmp_path, capsys):
+    import torch
+
+    from speculative.drafts import save_draft
+    from speculative.model import GPT, GPTConfig
+
+    torch.manual_seed(5)
+    save_draft(tmp_path / "wide", GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)),
+               load_pair(tiny_pair_dir), {"name": "wide"})
+    argv = ["ship-draft", "--pair", str(tiny_pair_dir), "--draft", str(tmp_path / "wide"), "--out",
+            str(tmp_path / "new"), "--keep-old", str(tmp_path / "old")]
+    assert main(argv) == 0
+    shipped = load_pair(tmp_path / "new")
+    assert f"pair written to {tmp_path / 'new'} (sha256 {shipped.sha256})" in capsys.readouterr().out
+    assert shipped.draft.config.d_model == 16 and shipped.info["replaced"][0]["kept_as"] == str(tmp_path / "old")
+    assert main(argv) == 2 and "already exists" in capsys.readouterr().err  # no silent overwrite
 
 
 def test_bench_drafts_races_a_candidate_beside_the_pairs_own_draft(tiny_pair_dir, tmp_path, capsys):

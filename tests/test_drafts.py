@@ -15,6 +15,7 @@ from speculative.drafts import (
     load_draft,
     measure_agreement,
     save_draft,
+    ship_draft,
     train_drafts,
     with_draft,
 )
@@ -112,6 +113,46 @@ def test_a_candidate_draft_round_trips_and_refuses_corruption_and_another_target
         with_draft(pair, tmp_path / "d")
     with pytest.raises(FileNotFoundError, match="no draft"):
         load_draft(tmp_path / "nothing")
+
+
+def test_shipping_a_candidate_replaces_only_the_draft_and_keeps_the_old_pair_reachable(tmp_path):
+    save_tiny_pair(tmp_path / "pair")
+    pair = load_pair(tmp_path / "pair")
+    torch.manual_seed(2)
+    for name in ("new", "other"):
+        save_draft(tmp_path / name, GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)).eval(), pair,
+                   {"name": name, "train_log": {"final_validation_bpb": 7.5}})
+    digest = ship_draft(pair, tmp_path / "new", tmp_path / "shipped", keep_old=tmp_path / "old")
+    shipped = load_pair(tmp_path / "shipped")
+    assert shipped.sha256 == digest != pair.sha256
+    for name in ("target.safetensors", "prompts.json"):  # byte for byte
+        assert (tmp_path / "shipped" / name).read_bytes() == (tmp_path / "pair" / name).read_bytes()
+    assert (tmp_path / "shipped" / "draft.safetensors").read_bytes() == (tmp_path / "new" / "draft.safetensors").read_bytes()
+    assert shipped.info["draft_validation_bpb"] == 7.5 and shipped.info["draft_config"]["d_model"] == 16
+    assert shipped.info["replaced"][0]["pair_sha256"] == pair.sha256
+    assert shipped.info["replaced"][0]["draft"]["draft_config"] == pair.info["draft_config"]
+    log, before = (json.loads((tmp_path / folder / "train_log.json").read_text()) for folder in ("shipped", "pair"))
+    assert log == dict(before, draft={"final_validation_bpb": 7.5}, replaced_drafts=[None])  # the tiny pair logs none
+    # the candidates distilled from the old pair race beside the new one, the old draft among them
+    old = with_draft(shipped, tmp_path / "old")
+    tokens = torch.tensor([[1, 2, 3]])
+    assert torch.equal(old.draft(tokens), pair.draft(tokens)) and not torch.equal(shipped.draft(tokens), pair.draft(tokens))
+    assert with_draft(shipped, tmp_path / "other").info["base_pair_sha256"] == shipped.sha256
+    # the same inputs give the same pair, hash included
+    assert ship_draft(pair, tmp_path / "new", tmp_path / "again", keep_old=tmp_path / "old2") != digest  # kept_as named
+    assert ship_draft(pair, tmp_path / "new", tmp_path / "shipped", keep_old=tmp_path / "old", overwrite=True) == digest
+    # shipping again from the new pair lists both earlier pairs; a foreign draft is refused in one line
+    ship_draft(shipped, tmp_path / "other", tmp_path / "twice")
+    twice = load_pair(tmp_path / "twice")
+    assert [r["pair_sha256"] for r in twice.info["replaced"]] == [shipped.sha256, pair.sha256]
+    with_draft(twice, tmp_path / "old")  # distilled from the first pair, whose target this still is
+    save_tiny_pair(tmp_path / "foreign", seed=1)
+    save_draft(tmp_path / "alien", GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)).eval(),
+               load_pair(tmp_path / "foreign"), {"name": "alien"})
+    with pytest.raises(ValueError, match="distilled from pair .*, not from this pair"):
+        ship_draft(pair, tmp_path / "alien", tmp_path / "nope")
+    with pytest.raises(FileExistsError):
+        ship_draft(pair, tmp_path / "new", tmp_path / "shipped")
 
 
 def test_train_drafts_distils_candidates_that_load_beside_their_pair(tmp_path):

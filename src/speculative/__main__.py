@@ -492,6 +492,7 @@ def _add_bench_peer(targets, formatter) -> None:
     peer.add_argument("--draft", default=None, metavar="FOLDER",
                       help="race with this candidate draft (python -m speculative train-draft) instead of the "
                            "pair's own; both sides export it")
+    peer.add_argument("--pair", default=None, help="folder of the model pair (default: the shipped pair)")
     peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
     peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     peer.set_defaults(run=_run_bench_peer)
@@ -583,7 +584,7 @@ def _run_bench_peer(args) -> int:
     from .pair import load_pair
     from .report import format_peer_runs_table, format_peer_table
 
-    pair = load_pair(device=args.device, dtype=getattr(torch, args.dtype))
+    pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     if args.draft:
         from .drafts import with_draft
 
@@ -627,6 +628,16 @@ def _add_train_draft(commands, formatter) -> None:
     draft.add_argument("--force", action="store_true", help="replace candidate folders that hold files")
     draft.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     draft.set_defaults(run=_run_train_draft)
+    ship = commands.add_parser("ship-draft", help="write a pair whose draft is a candidate's: the target, prompts "
+                               "and target's log copied byte for byte, the replaced pair listed in pair.json",
+                               formatter_class=formatter)
+    ship.add_argument("--draft", required=True, metavar="FOLDER", help="the candidate draft to ship")
+    ship.add_argument("--out", required=True, help="folder for the new pair (src/speculative/pair ships it)")
+    ship.add_argument("--keep-old", default=None, metavar="FOLDER",
+                      help="also save the replaced draft here as a candidate, so the old pair can still be raced")
+    ship.add_argument("--pair", default=None, help="folder of the pair (default: the shipped pair)")
+    ship.add_argument("--force", action="store_true", help="replace folders that hold files")
+    ship.set_defaults(run=_run_ship_draft)
 
 
 def _run_train_draft(args) -> int:
@@ -639,6 +650,17 @@ def _run_train_draft(args) -> int:
                            args.seed, progress=not args.no_progress, overwrite=args.force)
     for name, digest in digests.items():
         print(f"{name}: written to {args.out}/{name} (sha256 {digest})")
+    return 0
+
+
+def _run_ship_draft(args) -> int:
+    from .drafts import ship_draft
+    from .pair import load_pair
+
+    digest = ship_draft(load_pair(args.pair), args.draft, args.out, args.keep_old, overwrite=args.force)
+    print(f"pair written to {args.out} (sha256 {digest}), its draft from {args.draft}")
+    if args.keep_old:
+        print(f"the replaced draft kept as a candidate in {args.keep_old}")
     return 0
 
 

@@ -22,7 +22,7 @@ import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -32,8 +32,9 @@ from .pair import Pair, _load_model, _weights, check_destination, sha256_file, w
 from .timing import environment, median_call_seconds
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "measure_prices", "acceptance_from_forwards",
-           "decode_contexts", "measure_agreement", "prices_record", "shape_name", "train_drafts"]
+__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "ship_draft", "same_target",
+           "measure_prices", "acceptance_from_forwards", "decode_contexts", "measure_agreement", "prices_record",
+           "shape_name", "train_drafts"]
 DRAFT_FILES = ("draft.safetensors", "draft.json")
 
 
@@ -74,7 +75,7 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
     """Return ``pair`` with its draft replaced by the one in ``folder``, which must have been distilled from
     this pair's target; the result's sha256 hashes both (the pair's and the draft's)."""
     draft, info, digest = load_draft(folder, device=pair.target.device, dtype=pair.target.dtype)
-    if info["target_pair_sha256"] != pair.sha256:
+    if not same_target(pair, info["target_pair_sha256"]):
         raise ValueError(f"the draft in {folder} was distilled from pair {info['target_pair_sha256'][:12]}, "
                          f"not from this pair ({pair.sha256[:12]})")
     if draft.config.vocab_size != pair.target.config.vocab_size or draft.config.context < pair.target.config.context:
@@ -84,6 +85,71 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
                                                   draft_from=str(folder), draft_sha256=digest,
                                                   draft_training=training_summary(info),
                                                   base_pair_sha256=pair.sha256), sha256=combined)
+
+
+def same_target(pair: Pair, pair_sha256: str) -> bool:
+    """Whether the pair ``pair_sha256`` has ``pair``'s target: it is ``pair`` itself, or a pair whose draft
+    :func:`ship_draft` replaced (listed in pair.json's ``replaced``, target bytes unchanged)."""
+    return pair_sha256 == pair.sha256 or any(r["pair_sha256"] == pair_sha256 for r in pair.info.get("replaced", []))
+
+
+def ship_draft(pair: Pair, folder: Path, out: Path, keep_old: Optional[Path] = None,
+               overwrite: bool = False) -> str:
+    """Write into ``out`` the pair ``pair`` with its draft replaced by the candidate in ``folder``; return the
+    new pair's sha256.
+
+    The target, the prompts and the target's training log are copied byte for byte, so only the draft
+    differs, and the candidates distilled from ``pair`` stay usable with the new pair (:func:`same_target`).
+    pair.json describes the shipped draft (shape, parameters, validation bits per byte, where it came from
+    and how it trained) and lists the pair it replaces under ``replaced``, with that pair's draft, so the old
+    pair's figures can be traced. ``keep_old`` saves the replaced draft as a candidate folder
+    (:func:`save_draft`), so the old pair can still be raced (``with_draft``). Running this twice on the same
+    inputs writes the same bytes, so the same sha256.
+    """
+    import shutil
+
+    from .pair import PAIR_FILES
+
+    folder = Path(folder)
+    _, info, digest = load_draft(folder)
+    if not same_target(pair, info["target_pair_sha256"]):
+        raise ValueError(f"the draft in {folder} was distilled from pair {info['target_pair_sha256'][:12]}, "
+                         f"not from this pair ({pair.sha256[:12]})")
+    if info["draft_config"]["vocab_size"] != pair.target.config.vocab_size or \
+            info["draft_config"]["context"] < pair.target.config.context:
+        raise ValueError(f"the draft in {folder} does not fit the target's vocabulary and context")
+    check_destination(out, overwrite)
+    if keep_old is not None:
+        check_destination(keep_old, overwrite)
+    old = {k: pair.info[k] for k in ("draft_config", "draft_parameters", "draft_validation_bpb", "distill_weight")
+           if k in pair.info}
+    replaced = {"pair_sha256": pair.sha256, "draft_sha256": sha256_file(pair.folder / "draft.safetensors"),
+                "draft": old, "kept_as": str(keep_old) if keep_old is not None else None}
+    described = {k: v for k, v in pair.info.items() if k not in ("distill_weight", "shipped_draft", "replaced")}
+    described.update(draft_config=info["draft_config"], draft_parameters=info["draft_parameters"],
+                     draft_validation_bpb=info.get("train_log", {}).get("final_validation_bpb"),
+                     shipped_draft={"from": str(folder), "name": info.get("name"), "sha256": digest,
+                                    "training": training_summary(info)},
+                     replaced=[replaced] + list(pair.info.get("replaced", [])))
+    log = json.loads((pair.folder / "train_log.json").read_text())
+    log = dict(log, draft=info.get("train_log"), replaced_drafts=[log.get("draft")] + log.get("replaced_drafts", []))
+
+    def write(staging: Path) -> None:
+        for name in PAIR_FILES:
+            if name not in ("draft.safetensors", "pair.json", "train_log.json"):
+                shutil.copyfile(pair.folder / name, staging / name)
+        shutil.copyfile(folder / "draft.safetensors", staging / "draft.safetensors")
+        (staging / "pair.json").write_text(json.dumps(described, indent=2) + "\n")
+        (staging / "train_log.json").write_text(json.dumps(log, indent=2) + "\n")
+
+    shipped = write_checksummed(out, PAIR_FILES, write, overwrite)
+    if keep_old is not None:
+        save_draft(keep_old, pair.draft, pair,
+                   {"name": Path(keep_old).name, "candidate": None, "train_log": log["replaced_drafts"][0],
+                    "trained_on": pair.info.get("trained_on"), "replaced_by": {"name": info.get("name"),
+                                                                                "pair_sha256": shipped}},
+                   overwrite=overwrite)
+    return shipped
 
 
 def compiled(pair: Pair) -> Pair:
@@ -100,7 +166,7 @@ def compiled(pair: Pair) -> Pair:
 
 def training_summary(info: dict) -> dict:
     """Return what a record keeps of a candidate draft's draft.json: its recipe and how far it trained."""
-    log = info.get("train_log", {})
+    log = info.get("train_log") or {}
     return {"candidate": info.get("candidate"), "initial_draft_sha256": info.get("initial_draft_sha256"),
             "steps": log.get("steps"), "seconds": log.get("train", {}).get("seconds"),
             "validation_bpb": log.get("final_validation_bpb"), "distillation_data": log.get("distillation_data")}
@@ -278,7 +344,7 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
         init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
         if "from" in c:
             init, info, start_sha256 = load_draft(c["from"], device=device)
-            if info["target_pair_sha256"] != pair.sha256:  # distilled from another target: not a start for this one
+            if not same_target(pair, info["target_pair_sha256"]):  # distilled from another target: not a start for this one
                 raise ValueError(f"candidate {c['name']} starts from {c['from']}, which was distilled from pair "
                                  f"{info['target_pair_sha256'][:12]}, not from this pair ({pair.sha256[:12]})")
         heads = init.config.n_head if init is not None else c["n_head"]
