@@ -125,9 +125,8 @@ def test_shipping_a_candidate_replaces_only_the_draft_and_keeps_the_old_pair_rea
     digest = ship_draft(pair, tmp_path / "new", tmp_path / "shipped", keep_old=tmp_path / "old")
     shipped = load_pair(tmp_path / "shipped")
     assert shipped.sha256 == digest != pair.sha256
-    for name in ("target.safetensors", "prompts.json"):  # byte for byte
-        assert (tmp_path / "shipped" / name).read_bytes() == (tmp_path / "pair" / name).read_bytes()
-    assert (tmp_path / "shipped" / "draft.safetensors").read_bytes() == (tmp_path / "new" / "draft.safetensors").read_bytes()
+    for name, source in (("target.safetensors", "pair"), ("prompts.json", "pair"), ("draft.safetensors", "new")):
+        assert (tmp_path / "shipped" / name).read_bytes() == (tmp_path / source / name).read_bytes()  # byte for byte
     assert shipped.info["draft_validation_bpb"] == 7.5 and shipped.info["draft_config"]["d_model"] == 16
     assert shipped.info["replaced"][0]["pair_sha256"] == pair.sha256
     assert shipped.info["replaced"][0]["draft"]["draft_config"] == pair.info["draft_config"]
@@ -136,7 +135,8 @@ def test_shipping_a_candidate_replaces_only_the_draft_and_keeps_the_old_pair_rea
     # the candidates distilled from the old pair race beside the new one, the old draft among them
     old = with_draft(shipped, tmp_path / "old")
     tokens = torch.tensor([[1, 2, 3]])
-    assert torch.equal(old.draft(tokens), pair.draft(tokens)) and not torch.equal(shipped.draft(tokens), pair.draft(tokens))
+    assert torch.equal(old.draft(tokens), pair.draft(tokens))
+    assert not torch.equal(shipped.draft(tokens), pair.draft(tokens))
     assert with_draft(shipped, tmp_path / "other").info["base_pair_sha256"] == shipped.sha256
     # the same inputs give the same pair, hash included
     assert ship_draft(pair, tmp_path / "new", tmp_path / "again", keep_old=tmp_path / "old2") != digest  # kept_as named

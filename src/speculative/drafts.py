@@ -344,7 +344,7 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
         init, start_sha256 = (pair.draft, pair.sha256) if c["init"] else (None, None)
         if "from" in c:
             init, info, start_sha256 = load_draft(c["from"], device=device)
-            if not same_target(pair, info["target_pair_sha256"]):  # distilled from another target: not a start for this one
+            if not same_target(pair, info["target_pair_sha256"]):  # another target's: not a start for this one
                 raise ValueError(f"candidate {c['name']} starts from {c['from']}, which was distilled from pair "
                                  f"{info['target_pair_sha256'][:12]}, not from this pair ({pair.sha256[:12]})")
         heads = init.config.n_head if init is not None else c["n_head"]
