@@ -275,3 +275,24 @@ def test_race_efficiency_pools_every_row_and_run_and_gives_each_run_its_median()
     found = race_efficiency(record, "efficiency")
     assert (found["points"], found["min"], found["max"]) == (6, 0.8, 1.2) and found["median"] == pytest.approx(0.975)
     assert found["run_medians"] == pytest.approx([0.85, 0.975, 1.15])
+
+
+def test_a_race_names_the_pairs_own_draft_by_the_pair_it_was_made_with():
+    info = {"shipped_draft": {"name": "tv128c"},
+            "replaced": [{"pair_sha256": "b" * 64, "kept_as": "results/drafts/original"}]}
+    record = {"pair_sha256": "a" * 64, "drafts": {"shipped": {"x": 1}, "tv128b": {"x": 2}},
+              "config": {"drafts": [1]}, "results": [{"draft": "shipped", "runs": [{"draft": "shipped"}]}],
+              "runs": [{"observations": [{"draft": "tv128b"}, {"draft": "shipped"}]}]}
+    names = analysis.draft_names(record, "a" * 64, info)
+    assert names == {"shipped": "tv128c", "tv128b": "tv128b"}
+    renamed = analysis.rename_drafts(record, names)
+    assert renamed == {"pair_sha256": "a" * 64, "drafts": {"tv128c": {"x": 1}, "tv128b": {"x": 2}},
+                       "config": {"drafts": [1]}, "results": [{"draft": "tv128c", "runs": [{"draft": "tv128c"}]}],
+                       "runs": [{"observations": [{"draft": "tv128b"}, {"draft": "tv128c"}]}]}
+    assert record["drafts"].keys() == {"shipped", "tv128b"}  # the record itself is left as it was
+    older = dict(record, pair_sha256="b" * 64)
+    assert analysis.draft_names(older, "a" * 64, info)["shipped"] == "original"
+    with pytest.raises(ValueError, match="made with pair cccccccccccc, neither the shipped pair"):
+        analysis.draft_names(dict(record, pair_sha256="c" * 64), "a" * 64, info)
+    with pytest.raises(ValueError, match="already has a draft named 'tv128b'"):
+        analysis.draft_names(record, "a" * 64, {"shipped_draft": {"name": "tv128b"}})

@@ -28,7 +28,8 @@ __all__ = ["analyse", "bootstrap_interval", "ratio_interval", "speed_ratio", "st
            "predicted_speedup", "compare_drafts", "mean_interval", "block_profile",
            "length_prices", "compare_variants", "prompts_hash",
            "tokens_hash", "interval_side", "block_sequences", "lag1_autocorrelation", "rows_where",
-           "row_where", "across_records", "compare_rows", "split_runs", "head_to_head", "race_efficiency"]
+           "row_where", "across_records", "compare_rows", "split_runs", "head_to_head", "race_efficiency",
+           "draft_names", "rename_drafts"]
 
 
 # ---------------------------------------------------------------- intervals and ratios
@@ -828,6 +829,42 @@ def _drafts_results(record: dict) -> list[dict]:
                "observations": [o for o in record["observations"] if o["draft"] in (None, name)]}
         rows.extend({"draft": name, **row} for row in _decode_results(own))
     return rows
+
+
+def draft_names(record: dict, pair_sha256: str, pair_info: dict) -> dict[str, str]:
+    """Return {name in ``record``: the draft's own name} for a record of several drafts (``bench drafts``,
+    ``bench agreement``), given the shipped pair's sha256 and pair.json. The races call the pair's own draft
+    "shipped"; which draft that was depends on the pair the record was made with: the shipped pair's draft
+    is named as pair.json's ``shipped_draft`` names it, and a replaced pair's draft by the candidate folder
+    it was kept as. Candidates keep their names. A record of any other pair is refused in one line."""
+    made_with = record.get("pair_sha256")
+    if made_with == pair_sha256:
+        own = (pair_info.get("shipped_draft") or {}).get("name") or "shipped"
+    else:
+        kept = [r.get("kept_as") for r in pair_info.get("replaced", []) if r["pair_sha256"] == made_with]
+        if not kept:
+            raise ValueError(f"{record.get('file', 'the record')} was made with pair {str(made_with)[:12]}, neither "
+                             f"the shipped pair ({pair_sha256[:12]}) nor one it replaced")
+        own = kept[0].rstrip("/").rsplit("/", 1)[-1] if kept[0] else "replaced"
+    names = {name: name for name in record["drafts"]}
+    names["shipped"] = own
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"{record.get('file', 'the record')} already has a draft named {own!r}")
+    return names
+
+
+def rename_drafts(record: dict, names: dict[str, str]) -> dict:
+    """Return a copy of ``record`` with every draft named by ``names`` (:func:`draft_names`): the keys of its
+    ``drafts`` and every ``draft`` field, wherever it lies."""
+    def walk(value):
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        return {k: ({names.get(n, n): walk(d) for n, d in v.items()} if k == "drafts" and isinstance(v, dict)
+                    else names.get(v, v) if k == "draft" and isinstance(v, str) else walk(v))
+                for k, v in value.items()}
+    return walk(record)
 
 
 def compare_drafts(record: dict, baseline: str, other: str, **fields) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import defaults
 
 __all__ = ["Shown", "as_text", "cite", "scientific", "glue", "pick_device", "demo_settings", "results_dir",
-           "load_record", "load_records"]
+           "named_drafts", "load_record", "load_records"]
 
 
 class Shown:
@@ -157,6 +157,21 @@ def load_record(name: str) -> dict:
 
     path = results_dir() / name
     return read_record(path) | {"file": path.name}
+
+
+def named_drafts(record: dict) -> dict:
+    """Return a record of several drafts with each draft under its own name (:func:`analysis.draft_names`):
+    the races call the pair's own draft "shipped", which is ``tv128c`` in a record of the shipped pair and
+    ``original`` in one of the pair it replaced. Reads the shipped pair's pair.json and SHA256SUMS only."""
+    import hashlib
+    import json
+
+    from .analysis import draft_names, rename_drafts
+    from .pair import PAIR_DIR
+
+    sha256 = hashlib.sha256((PAIR_DIR / "SHA256SUMS").read_bytes()).hexdigest()
+    info = json.loads((PAIR_DIR / "pair.json").read_text())
+    return rename_drafts(record, draft_names(record, sha256, info))
 
 
 def load_records() -> list[dict]:
