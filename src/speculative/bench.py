@@ -712,6 +712,7 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
     from tqdm import tqdm
 
     from .decode import encode_prompts
+    from .drafts import draft_training
     from .transforms import SamplingConfig
 
     _positive_int("runs", runs)
@@ -773,7 +774,7 @@ def bench_drafts(pair, drafts: dict, settings: Optional[DecodeSettings] = None, 
         "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
                           "draft_parameters": other.draft.num_parameters(),
                           "from": other.info.get("draft_from", "the pair's own draft"),
-                          "training": other.info.get("draft_training"),
+                          "training": draft_training(other),
                           "compiled": other.info.get("draft_compiled")}
                    for name, other in drafts.items()},
         "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,

@@ -32,7 +32,7 @@ from .pair import Pair, _load_model, _weights, check_destination, sha256_file, w
 from .timing import environment, median_call_seconds
 from .transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "ship_draft", "same_target",
+__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "ship_draft", "same_target", "draft_training",
            "measure_prices", "acceptance_from_forwards", "decode_contexts", "measure_agreement", "prices_record",
            "shape_name", "train_drafts"]
 DRAFT_FILES = ("draft.safetensors", "draft.json")
@@ -162,6 +162,12 @@ def compiled(pair: Pair) -> Pair:
         raise ValueError("this pair's draft is compiled already")
     return replace(pair, draft=torch.compile(pair.draft, dynamic=True),
                    info=dict(pair.info, draft_compiled="torch.compile(dynamic=True), inductor"))
+
+
+def draft_training(pair: Pair) -> Optional[dict]:
+    """Return how ``pair``'s draft trained, as a record keeps it (:func:`training_summary`): a candidate's
+    (swapped in by :func:`with_draft`) or the shipped draft's (pair.json's ``shipped_draft``), else None."""
+    return pair.info.get("draft_training") or (pair.info.get("shipped_draft") or {}).get("training")
 
 
 def training_summary(info: dict) -> dict:
@@ -298,7 +304,7 @@ def measure_agreement(pair: Pair, drafts: dict, temperatures: Sequence[float] = 
         "drafts": {name: {"sha256": other.sha256, "draft_config": other.draft.config.to_dict(),
                           "draft_parameters": other.draft.num_parameters(),
                           "from": other.info.get("draft_from", "the pair's own draft"),
-                          "training": other.info.get("draft_training")}
+                          "training": draft_training(other)}
                    for name, other in drafts.items()},
         "config": {"temperatures": [float(t) for t in temperatures], "contexts": contexts, "prefix": prefix,
                    "new_tokens": new_tokens, "seed": seed, "dtype": str(pair.target.dtype)},
