@@ -97,3 +97,21 @@ def test_demo_settings_read_each_scale_and_refuse_an_unknown_one(monkeypatch):
     monkeypatch.setenv("SPECULATIVE_SCALE", "huge")
     with pytest.raises(ValueError, match="SPECULATIVE_SCALE='huge' is not a scale; use one of small, full, smoke"):
         book.demo_settings("cpu")
+
+
+def test_named_drafts_names_the_shipped_draft_by_the_pair_a_record_was_made_with():
+    import json
+
+    from speculative.pair import PAIR_DIR
+
+    shipped = json.loads((PAIR_DIR / "pair.json").read_text())["shipped_draft"]
+    # a record of the shipped pair: its own draft takes pair.json's name, and its training where the record has none
+    agreement = book.load_record("agreement_cpu.json")
+    assert agreement["drafts"]["shipped"]["training"] is None
+    named = book.named_drafts(agreement)
+    assert "shipped" not in named["drafts"] and named["drafts"][shipped["name"]]["training"] == shipped["training"]
+    assert agreement["drafts"]["shipped"]["training"] is None  # the loaded record is left as it was
+    # a record of the pair it replaced: that pair's draft is named by the candidate folder it was kept as
+    intel = book.named_drafts(book.load_record("drafts_intel_cpu.json"))
+    assert "original" in intel["drafts"] and intel["drafts"]["original"]["training"] is None
+    assert intel["drafts"][shipped["name"]]["training"]["candidate"]["name"] == shipped["name"]

@@ -162,7 +162,9 @@ def load_record(name: str) -> dict:
 def named_drafts(record: dict) -> dict:
     """Return a record of several drafts with each draft under its own name (:func:`analysis.draft_names`):
     the races call the pair's own draft "shipped", which is ``tv128c`` in a record of the shipped pair and
-    ``original`` in one of the pair it replaced. Reads the shipped pair's pair.json and SHA256SUMS only."""
+    ``original`` in one of the pair it replaced. A record of the shipped pair made before records kept the
+    shipped draft's training (``"training": null``) gets it from pair.json's ``shipped_draft``, which
+    describes that same draft. Reads the shipped pair's pair.json and SHA256SUMS only."""
     import hashlib
     import json
 
@@ -171,7 +173,12 @@ def named_drafts(record: dict) -> dict:
 
     sha256 = hashlib.sha256((PAIR_DIR / "SHA256SUMS").read_bytes()).hexdigest()
     info = json.loads((PAIR_DIR / "pair.json").read_text())
-    return rename_drafts(record, draft_names(record, sha256, info))
+    names = draft_names(record, sha256, info)
+    renamed = rename_drafts(record, names)
+    own = renamed["drafts"].get(names["shipped"]) if "shipped" in record["drafts"] else None
+    if record.get("pair_sha256") == sha256 and own is not None and own.get("training") is None:
+        own["training"] = (info.get("shipped_draft") or {}).get("training")
+    return renamed
 
 
 def load_records() -> list[dict]:
