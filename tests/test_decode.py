@@ -44,7 +44,7 @@ def test_a_fixed_gamma_is_the_fixed_policy(pair):
 
     prompts = [p[: 40 + 9 * i] for i, p in enumerate(pair.prompts[:3])]  # rows finish at different blocks
     runs = [speculative_decode(pair.target, pair.draft, prompts, 24, gamma, SamplingConfig(temperature=1.0),
-                               torch.Generator().manual_seed(4)) for gamma in (3, FixedLength(3))]
+                               torch.Generator().manual_seed(0)) for gamma in (3, FixedLength(3))]
     assert runs[0].tokens == runs[1].tokens and runs[0].gamma == 3
     for a, b in zip(runs[0].accepted + runs[0].lengths, runs[1].accepted + runs[1].lengths):
         assert torch.equal(a, b)

@@ -296,3 +296,26 @@ def test_a_race_names_the_pairs_own_draft_by_the_pair_it_was_made_with():
         analysis.draft_names(dict(record, pair_sha256="c" * 64), "a" * 64, info)
     with pytest.raises(ValueError, match="already has a draft named 'tv128b'"):
         analysis.draft_names(record, "a" * 64, {"shipped_draft": {"name": "tv128b"}})
+
+
+def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():
+    """The agreement records of the shipped pair and of the pair it replaced scored the same six drafts against
+    the same target, each time under the pair's own name for its draft ("shipped"). Named by what they are
+    (book.named_drafts), each draft's exact acceptance rate agrees between the two records to float32
+    round-off, at both temperatures: the rate is a property of the two models, not of the folder they came from.
+    Naming a pair's own draft wrongly (the old pair's as the new one's) pairs different models and fails."""
+    from speculative.book import named_drafts
+
+    folder = results_dir()
+    shipped = named_drafts(records.read_record(folder / "agreement_cpu.json"))
+    first = named_drafts(records.read_record(folder / "previous_pair" / "agreement_cpu.json"))
+    assert shipped["pair_sha256"] != first["pair_sha256"] and shipped["config"] == first["config"]
+    assert set(shipped["drafts"]) == set(first["drafts"]) and len(shipped["drafts"]) == 6
+    rates = [{(r["draft"], r["temperature"]): r["alpha"] for r in analysis.analyse(record)}
+             for record in (shipped, first)]
+    assert rates[0].keys() == rates[1].keys()
+    for key, alpha in rates[0].items():
+        assert abs(alpha - rates[1][key]) < 1e-6, key
+    # the check can tell drafts apart: the closest two differ by a hundred times the tolerance
+    alphas = rates[0].items()
+    assert min(abs(a - b) for (d, t), a in alphas for (e, u), b in alphas if t == u and d < e) > 1e-4
