@@ -12,11 +12,13 @@ from speculative import analysis
 from speculative.drafts import (
     acceptance_from_forwards,
     compiled,
+    draft_training,
     load_draft,
     measure_agreement,
     save_draft,
     ship_draft,
     train_drafts,
+    training_summary,
     with_draft,
 )
 from speculative.model import GPT, GPTConfig
@@ -138,6 +140,11 @@ def test_shipping_a_candidate_replaces_only_the_draft_and_keeps_the_old_pair_rea
     assert torch.equal(old.draft(tokens), pair.draft(tokens))
     assert not torch.equal(shipped.draft(tokens), pair.draft(tokens))
     assert with_draft(shipped, tmp_path / "other").info["base_pair_sha256"] == shipped.sha256
+    # what a record keeps of the draft it raced: the shipped draft's training from pair.json, a candidate's own
+    assert draft_training(pair) is None  # never shipped: the tiny pair's own draft has no candidate's log
+    assert draft_training(shipped) == shipped.info["shipped_draft"]["training"] == training_summary(
+        json.loads((tmp_path / "new" / "draft.json").read_text()))
+    assert draft_training(with_draft(shipped, tmp_path / "other"))["validation_bpb"] == 7.5
     # the same inputs give the same pair, hash included
     assert ship_draft(pair, tmp_path / "new", tmp_path / "again", keep_old=tmp_path / "old2") != digest  # kept_as named
     assert ship_draft(pair, tmp_path / "new", tmp_path / "shipped", keep_old=tmp_path / "old", overwrite=True) == digest
