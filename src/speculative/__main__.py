@@ -165,10 +165,12 @@ def _add_audit_engine(commands, formatter) -> None:
         "audit-engine", help="test a whole engine's emitted law against exact laws of tiny models",
         description="Audit a whole speculative-decoding engine end to end: exit 0 when every case passes, 1 when "
         "any fails, 2 when the audit cannot run.", formatter_class=formatter)
-    audit.add_argument("engine", metavar="ours|hf|gallery:KEY|MODULE:FUNCTION",
+    audit.add_argument("engine", metavar="ours|hf|vllm|openai|gallery:KEY|MODULE:FUNCTION",
                        help="'ours': this library's speculative_decode; 'hf': the installed transformers' assisted "
-                       "generation, in each configuration of engines.HF_CONFIGURATIONS; gallery:KEY an engine of "
-                       "the gallery (chapter 12); MODULE:FUNCTION your engine in the models convention")
+                       "generation, in each configuration of engines.HF_CONFIGURATIONS; 'vllm': vLLM in-process "
+                       "on the serving battery; 'openai': an OpenAI-compatible server (--base-url or --serve); "
+                       "gallery:KEY an engine of the gallery (chapter 12); MODULE:FUNCTION your engine in the "
+                       "models convention")
     audit.add_argument("--temperature", type=float, default=None, help="replace every case's processors: temperature")
     audit.add_argument("--top-k", type=int, default=None, help="... top-k (with --temperature and friends)")
     audit.add_argument("--top-p", type=float, default=None, help="... top-p")
@@ -185,6 +187,26 @@ def _add_audit_engine(commands, formatter) -> None:
                        help="hf: audit only the configurations whose label contains LABEL (repeatable)")
     audit.add_argument("--case", action="append", default=None, metavar="TEXT",
                        help="audit only the cases whose name contains TEXT (repeatable)")
+    serving = audit.add_argument_group("vllm and openai (the serving battery: Llama folders, head size 32)")
+    serving.add_argument("--method", action="append", default=None, metavar="NAME",
+                         help="vllm: a speculative method of doors.VLLM_METHODS (repeatable; default draft_model)")
+    serving.add_argument("--speculative-config", default=None, metavar="JSON",
+                         help="vllm: vLLM's speculative_config as JSON ({draft} is the case's draft folder)")
+    serving.add_argument("--axis", action="append", default=None, metavar="NAME",
+                         help="the serving axes to audit, of doors.AXES: plain, mixed, paired, seeded "
+                         "(repeatable; default plain)")
+    serving.add_argument("--as-shipped", action="store_true",
+                         help="vllm: run without this package's vLLM plugin (VLLM_PLUGINS empty)")
+    serving.add_argument("--base-url", default=None, metavar="URL", help="openai: a server already running")
+    serving.add_argument("--serve", default=None, metavar="TEMPLATE",
+                         help="openai: a shell command with {target}, {draft} and {port}, started per case on "
+                         "127.0.0.1 and stopped after it")
+    serving.add_argument("--battery", default=None, metavar="DIR",
+                         help="where the serving battery's folders are (written when missing; default: a "
+                         "temporary folder)")
+    serving.add_argument("--record", default=None, metavar="FILE",
+                         help="add this run to a serving record (JSON), under --run")
+    serving.add_argument("--run", dest="run_name", default=None, metavar="NAME", help="the run's name in --record")
     audit.add_argument("--max-rows", type=int, default=None, help="cap on each case's sample")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report(s) as JSON here")
     audit.add_argument("--seed", type=int, default=0, help="seed of the engine's generator")
@@ -236,6 +258,8 @@ def _run_audit_engine(args) -> int:
 
     if args.engine == "hf":
         return _run_audit_engine_hf(args)
+    if args.engine in ("vllm", "openai"):
+        return _run_audit_engine_serving(args)
     engine = _load_engine(args)
     cases = _engine_cases(args)
     if args.engine == "ours" and any(getattr(c.config, "repetition_penalty", 1) != 1 for c in cases):
@@ -246,6 +270,31 @@ def _run_audit_engine(args) -> int:
         Path(args.json).write_text(json.dumps(json.loads(report.to_json()), indent=2) + "\n")
         print(f"report written to {args.json}")
     return 0 if report.passed else 1
+
+
+def _run_audit_engine_serving(args) -> int:
+    import json
+
+    from .doors import run_serving_audit
+
+    if args.engine == "vllm" and (args.base_url or args.serve):
+        raise ValueError("--base-url and --serve are for 'openai'; 'vllm' runs vLLM in this process")
+    if args.engine == "openai" and bool(args.base_url) == bool(args.serve):
+        raise ValueError("openai needs exactly one of --base-url URL and --serve TEMPLATE")
+    if args.record and not args.run_name:
+        raise ValueError("--record needs --run NAME (the run's name in the record)")
+    spec = json.loads(args.speculative_config) if args.speculative_config else None
+    if args.speculative_config and not isinstance(spec, dict):
+        raise ValueError("--speculative-config must be a JSON object")
+    run = run_serving_audit(args.engine, methods=args.method, speculative_config=spec, axes=args.axis or ["plain"],
+                            battery=args.battery, case_names=args.case, as_shipped=args.as_shipped,
+                            base_url=args.base_url, serve=args.serve, seed=args.seed, max_rows=args.max_rows,
+                            progress=not args.no_progress, record=args.record, run_name=args.run_name)
+    for configuration in run["configurations"]:
+        print(configuration["table"] + "\n")
+    if args.record:
+        print(f"run {args.run_name!r} written to {args.record}")
+    return 0 if all(c["passed"] for c in run["configurations"]) else 1
 
 
 def _run_audit_engine_hf(args) -> int:

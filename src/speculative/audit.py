@@ -679,7 +679,7 @@ def _engine_counts(engine, case, n: int, seed: int, chunk: int, limit: float, be
         left = limit - (time.perf_counter() - began)
         try:
             with _time_limit(left):
-                result = engine(case.target, case.draft, list(case.prompt), case.length, case.config, generator, size)
+                result = case.run(engine, generator, size)
             tokens = check_tokens(result, size, case)
         except _Timeout:
             return counts, done, f"ran past the case's time limit of {limit:g} s"

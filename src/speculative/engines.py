@@ -31,6 +31,7 @@ the engines :func:`audit.audit_engine` runs on them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -86,10 +87,15 @@ def _seen(tokens: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tens
 
 
 def processed_probs(logits: torch.Tensor, config: SamplingConfig, tokens: Optional[torch.Tensor] = None,
-                    lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    lengths: Optional[torch.Tensor] = None, prompt_length: int = 0) -> torch.Tensor:
     """The distribution sampled from, for next-token ``logits`` (B, V): the repetition penalty of a
     :class:`PenalizedConfig` (over each row's context, ``tokens[b, :lengths[b]]``), then
-    :func:`transforms.logits_to_probs`."""
+    :func:`transforms.logits_to_probs`; a :class:`serving.ServingConfig` is applied as a server applies it
+    (:func:`serving.serving_probs`, whose penalties need the ``prompt_length``)."""
+    from .serving import ServingConfig, serving_probs
+
+    if isinstance(config, ServingConfig):
+        return serving_probs(logits, config, tokens, lengths, prompt_length)
     penalty = getattr(config, "repetition_penalty", 1)
     if penalty != 1:
         logits = penalized_logits(logits, _seen(tokens, lengths, logits.shape[-1]), penalty)
@@ -113,6 +119,17 @@ def _support_margin(logits: torch.Tensor, config: SamplingConfig, kept: torch.Te
         before = torch.cumsum(sorted_probs, -1) - sorted_probs
         margin = min(margin, float((before - float(config.top_p)).abs().min()))
     return margin
+
+
+def _margin(logits, config, kept, tokens, lengths, prompt_length) -> float:
+    """:func:`_support_margin` of the logits a config truncates: after a serving config's bias and
+    penalties, and with its min-p margin too."""
+    from .serving import ServingConfig, min_p_margin, serving_logits
+
+    if not isinstance(config, ServingConfig):
+        return _support_margin(logits, config, kept)
+    x = serving_logits(logits, config, tokens, lengths, prompt_length)
+    return min(_support_margin(x, config, kept), min_p_margin(x, config))
 
 
 # --------------------------------------------------------------------------- cases and their exact laws
@@ -159,6 +176,10 @@ class EngineCase:
         self.law()
         return self._law[4]
 
+    def run(self, engine: Callable, generator: torch.Generator, n: int):
+        """What ``engine`` (the ``"models"`` convention) returns for n rows of this case."""
+        return engine(self.target, self.draft, list(self.prompt), self.length, self.config, generator, n)
+
     def codes_of(self, tokens: torch.Tensor) -> np.ndarray:
         """The base-V codes of emitted rows (n, k)."""
         powers = self.vocab ** np.arange(self.length - 1, -1, -1, dtype=np.int64)
@@ -184,10 +205,11 @@ def _enumerate(case: EngineCase) -> tuple:
         step_p, step_q = [], []
         for chunk, chunk_lengths in zip(tokens.split(4096), lengths.split(4096)):
             target_logits = case.target(chunk)[:, -1]
-            p = processed_probs(target_logits, case.config, chunk, chunk_lengths)
-            margin = min(margin, _support_margin(target_logits, case.config, p > 0))
+            p = processed_probs(target_logits, case.config, chunk, chunk_lengths, len(prompt))
+            margin = min(margin, _margin(target_logits, case.config, p > 0, chunk, chunk_lengths, len(prompt)))
             step_p.append(p.double())
-            step_q.append(processed_probs(case.draft(chunk)[:, -1], case.config, chunk, chunk_lengths).double())
+            step_q.append(processed_probs(case.draft(chunk)[:, -1], case.config, chunk, chunk_lengths,
+                                          len(prompt)).double())
         p, q = torch.cat(step_p).numpy(), torch.cat(step_q).numpy()
         entropy -= float((probs[:, None] * np.where(p > 0, p * np.log2(np.where(p > 0, p, 1)), 0)).sum())
         accepted += float((probs * np.minimum(p, q).sum(1)).sum())
@@ -295,9 +317,11 @@ class _Forwards:
 
     def __init__(self, model: GPT, prompt: Sequence[int]):
         self.model, self.start = model, len(prompt) - 1
-        self.prefix = model.new_cache(1)
-        if self.start > 0:
-            model(torch.tensor([list(prompt[:-1])]), 0, self.prefix)
+        self.full = not isinstance(model, GPT)  # another model (a loaded folder): full forwards, no cache
+        if not self.full:
+            self.prefix = model.new_cache(1)
+            if self.start > 0:
+                model(torch.tensor([list(prompt[:-1])]), 0, self.prefix)
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, extra: int = 0) -> torch.Tensor:
         width = int(lengths.max()) + extra
@@ -305,6 +329,11 @@ class _Forwards:
         unique, inverse = _unique_rows(torch.cat([rows, lengths.unsqueeze(1)], 1))
         picked = []
         for chunk in unique.split(4096):
+            if self.full:
+                logits = self.model(chunk[:, :width])
+                index = (chunk[:, -1] - 1).unsqueeze(1) + torch.arange(extra + 1)
+                picked.append(logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])))
+                continue
             cache = self.model.new_cache(len(chunk), length=width)
             cache.keys[:, :, :self.start] = self.prefix.keys[:, :, :self.start]
             cache.values[:, :, :self.start] = self.prefix.values[:, :, :self.start]
@@ -362,6 +391,11 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
     (:data:`GALLERY`) or one of its lawful oddities."""
     from .sampler import rejection_sample
 
+    if bug == "shared_stream":  # TensorRT-LLM #19487: side-by-side requests replay one random stream
+        half = reference_engine(target, draft, prompt, max_new_tokens, config, generator, (n + 1) // 2,
+                                gamma=gamma)
+        return half.repeat_interleave(2, 0)[:n]
+    start = len(prompt)
     target_forward, draft_forward = _Forwards(target, prompt), _Forwards(draft, prompt)
     out = torch.zeros(n, CONTEXT + 1, dtype=torch.long)
     out[:, :len(prompt)] = torch.tensor(prompt)
@@ -375,6 +409,11 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
     target_config = config
     if bug == "penalty_ignored":  # TensorRT-LLM #17701: both sides sample as if there were no penalty
         target_config = draft_config = SamplingConfig(config.temperature, config.top_k, config.top_p)
+    if bug == "logit_bias_ignored":  # vLLM #38202: under speculation the request's bias is dropped
+        target_config = draft_config = dataclasses.replace(config, logit_bias=())
+    if bug == "deterministic_draft":  # lawful: the draft proposes its arg-max and the rule gets q one-hot
+        draft_config = dataclasses.replace(config, temperature=0)
+    block_start = bug == "penalty_per_step"  # SGLang #33643: penalties see the output as of the block start
     while int((ends - len(prompt)).min()) < max_new_tokens:
         k = gamma if bug != "random_gamma" else int(torch.randint(1, gamma + 2, (1,), generator=generator))
         drafts = torch.zeros(n, k, dtype=torch.long)
@@ -382,15 +421,20 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
         raw_probs = torch.zeros_like(draft_probs)
         for j in range(k):
             logits = draft_forward(seen_d, ends_d + j)[:, 0]
-            q = processed_probs(logits, draft_config, seen_d, ends_d + j)
+            q = processed_probs(logits, draft_config, seen_d, ends_d + j * (not block_start), start)
             drafts[:, j] = torch.multinomial(q, 1, generator=generator).squeeze(1)
             draft_probs[:, j] = q
-            raw_probs[:, j] = torch.softmax(logits.float() / float(draft_config.temperature), -1)
+            raw_probs[:, j] = torch.softmax(logits.float() / float(draft_config.temperature or 1), -1)
             seen_d[torch.arange(n), ends_d + j] = drafts[:, j]
         _write(seen_t, ends_t, drafts, torch.full((n,), k))  # the target reads the drafts after its context
         logits = target_forward(seen_t, ends_t, extra=k)  # (n, k + 1, V)
-        target_probs = torch.stack([processed_probs(logits[:, i], target_config, seen_t, ends_t + i)
+        target_probs = torch.stack([processed_probs(logits[:, i], target_config, seen_t,
+                                                    ends_t + i * (not block_start), start)
                                     for i in range(k + 1)], 1)
+        if bug == "settings_not_expanded":  # vLLM 0.32 on CPU: draft positions verified without the settings
+            plain = dataclasses.replace(target_config, temperature=1, top_k=None, top_p=None)
+            target_probs[:, :k] = torch.stack([processed_probs(logits[:, i], plain, seen_t, ends_t + i, start)
+                                               for i in range(k)], 1)
         if bug == "argmax_verify":
             accepted, final = _argmax_verify(drafts, draft_probs, target_probs, generator)
             emitted = torch.cat([drafts, torch.zeros(n, 1, dtype=torch.long)], 1)
@@ -476,6 +520,7 @@ class EngineEntry:
     bug: Optional[str] = None
     penalty: bool = False  # needs the repetition-penalty case to show
     truncation: bool = False  # needs a case with top-k or top-p to show
+    needs: str = ""  # what a serving case must have for the bug to show
 
     def engine(self) -> Callable:
         def run(target, draft, prompt, max_new_tokens, config, generator, n):
@@ -521,6 +566,28 @@ GALLERY = [
                 "the draft samples at 1.5 times the temperature and the rule is given that q"),
     EngineEntry("random_gamma", "a random draft length", True,
                 "draws each block's length uniformly from 1..3 with the engine's generator"),
+    EngineEntry("settings_not_expanded", "settings not expanded to the drafted positions", False,
+                "verifies the drafted positions at temperature 1 with no top-k or top-p; only the last position "
+                "gets the request's settings (vLLM 0.32.0 on CPU reads them from memory it never wrote)",
+                "vllm55005", "https://github.com/vllm-project/vllm/issues/55005", "settings_not_expanded",
+                needs="a temperature other than 1, or top-k or top-p"),
+    EngineEntry("shared_stream", "side-by-side requests share one random stream", False,
+                "two requests decoded side by side draw the same uniforms, so they emit the same tokens; each "
+                "request alone keeps the law", "tensorrtllm19487", "https://github.com/NVIDIA/TensorRT-LLM/issues/19487",
+                "shared_stream", needs="two requests side by side"),
+    EngineEntry("penalty_per_step", "penalties updated once per block", False,
+                "applies presence, frequency and repetition penalties from the output as it stood when the block "
+                "began, so a drafted position does not see the drafts before it",
+                "sglang33643", "https://github.com/sgl-project/sglang/pull/33643", "penalty_per_step",
+                needs="penalties"),
+    EngineEntry("logit_bias_ignored", "logit_bias dropped under speculation", False,
+                "decodes, drafts and verifies as if the request carried no logit_bias",
+                "vllm38202", "https://github.com/vllm-project/vllm/issues/38202", "logit_bias_ignored",
+                needs="logit_bias"),
+    EngineEntry("deterministic_draft", "a deterministic draft", True,
+                "proposes the draft's arg-max and hands the rule that one-hot q, as n-gram and greedy draft heads "
+                "do: fewer acceptances, the same law (the class of vLLM #40149, read as a bias)",
+                "vllm40149", "https://github.com/vllm-project/vllm/issues/40149", "deterministic_draft"),
 ]
 
 

@@ -380,12 +380,15 @@ def _quiet():
     notice about its own internal call, which a reader can do nothing about); errors still show."""
     from transformers.utils import logging
 
-    before = logging.get_verbosity()
+    before, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()  # loading and saving a folder draw bars of their own
     try:
         yield
     finally:
         logging.set_verbosity(before)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def _sampling(temperature: float) -> dict:

@@ -1,0 +1,323 @@
+"""What serving adds, exactly: sampling settings as serving engines apply them, a battery of cases that any
+engine loads from disk, and the axes a server adds to a generate() call.
+
+Explained in: notebooks/12_audit_engine (section "Audit your serving engine").
+
+- **Settings** (:class:`ServingConfig`): temperature, top-k and top-p, plus the fields an OpenAI-compatible
+  request carries: ``min_p``, presence, frequency and repetition penalties and ``logit_bias``. They are
+  applied in vLLM's order (``vllm/v1/sample/sampler.py``): the bias is added to the logits; then the
+  repetition penalty over the prompt and the output so far (a positive logit divided by it, a negative one
+  multiplied), the frequency penalty times each token's count in the output and the presence penalty once
+  per token present in the output; then the temperature; then ``min_p`` (a token is dropped when its
+  probability is below ``min_p`` times the largest); then top-k and top-p (:mod:`transforms`).
+  Penalties depend on the output *so far*: under speculation, each drafted position must see the drafts
+  before it, which is the axis SGLang #33643 got wrong.
+- **The battery** (:func:`serving_battery`): every case's target and draft are Llama checkpoints with a
+  head size of 32, saved as ordinary Hugging Face folders (``config.json`` and ``model.safetensors``),
+  so transformers, vLLM and any server that loads such a folder run the same weights. Prompts are token
+  ids; no tokenizer exists. The exact law is computed from the folders as loaded (:mod:`engines`).
+- **Independence across requests** (:func:`paired`): a case whose outcome is the tokens of two requests
+  decoded side by side; its exact law is the product of the single-request law. An engine that shares a
+  random stream between concurrent requests keeps every marginal and fails only this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .engines import CONTEXT, EngineCase
+from .transforms import SamplingConfig, logits_to_probs
+
+__all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "save_folder", "load_folder",
+           "serving_battery", "PairedCase", "paired", "SERVING_TV", "HEAD_SIZE"]
+
+#: The total variation distance each serving case's sample is sized to detect at power 0.99.
+SERVING_TV = 0.03
+#: The head size of every battery model: vLLM's CPU attention refuses less than 32.
+HEAD_SIZE = 32
+
+
+def _number(value, name: str, low: float, high: float = float("inf"), closed_low: bool = True) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
+    ok = ok and (low <= value if closed_low else low < value) and value < high
+    if not ok:
+        raise ValueError(f"{name} must be a number in {'[' if closed_low else '('}{low:g}, {high:g}), got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServingConfig(SamplingConfig):
+    """A :class:`transforms.SamplingConfig` with the sampling fields of an OpenAI-compatible request."""
+
+    min_p: float = 0.0  # drop tokens whose probability is below min_p times the largest; 0: off
+    presence_penalty: float = 0.0  # subtracted once from each token already in the output
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # over prompt and output: positive logits divided, negative multiplied
+    logit_bias: tuple = ()  # ((token id, bias), ...), added to the logits first
+
+    def __post_init__(self):
+        super().__post_init__()
+        _number(self.min_p, "min_p", 0, 1)
+        _number(self.presence_penalty, "presence_penalty", -2, 2.000001)
+        _number(self.frequency_penalty, "frequency_penalty", -2, 2.000001)
+        _number(self.repetition_penalty, "repetition_penalty", 0, closed_low=False)
+        for pair in self.logit_bias:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or isinstance(pair[0], bool)
+                    or not isinstance(pair[0], int) or pair[0] < 0):
+                raise ValueError(f"logit_bias must hold (token id >= 0, bias) pairs, got {pair!r}")
+            _number(pair[1], "a logit bias", -100, 100.000001)
+
+    @property
+    def penalised(self) -> bool:
+        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0, 0, 1)
+
+    def describe(self) -> str:
+        bits = [super().describe()]
+        names = [("min_p", "min-p"), ("presence_penalty", "presence"), ("frequency_penalty", "frequency")]
+        bits += [f"{label} {getattr(self, key):g}" for key, label in names if getattr(self, key)]
+        if self.repetition_penalty != 1:
+            bits.append(f"repetition {self.repetition_penalty:g}")
+        if self.logit_bias:
+            bits.append("logit_bias " + ",".join(f"{t}:{b:+g}" for t, b in self.logit_bias))
+        return ", ".join(bits)
+
+    def request_fields(self) -> dict:
+        """The fields of an OpenAI-compatible request (and of vLLM's ``SamplingParams``) for this config."""
+        fields = {"temperature": float(self.temperature), "top_p": float(self.top_p or 1.0),
+                  "top_k": int(self.top_k or -1), "min_p": float(self.min_p),
+                  "presence_penalty": float(self.presence_penalty),
+                  "frequency_penalty": float(self.frequency_penalty),
+                  "repetition_penalty": float(self.repetition_penalty)}
+        if self.logit_bias:
+            fields["logit_bias"] = {int(t): float(b) for t, b in self.logit_bias}
+        return fields
+
+
+def as_serving(config: SamplingConfig) -> ServingConfig:
+    """``config`` as a :class:`ServingConfig` (a plain config has no penalty, bias or min_p)."""
+    if isinstance(config, ServingConfig):
+        return config
+    extra = {"repetition_penalty": float(config.repetition_penalty)} if hasattr(config, "repetition_penalty") else {}
+    return ServingConfig(config.temperature, config.top_k, config.top_p, **extra)
+
+
+def serving_logits(logits: torch.Tensor, config: ServingConfig, tokens: torch.Tensor, lengths: torch.Tensor,
+                   prompt_length: int) -> torch.Tensor:
+    """Return ``logits`` (B, V) after the bias and the penalties, for rows whose context is
+    ``tokens[b, :lengths[b]]`` and whose first ``prompt_length`` tokens are the prompt."""
+    x = logits.float()
+    vocab = x.shape[-1]
+    if config.logit_bias:
+        bias = torch.zeros(vocab)
+        for token, value in config.logit_bias:
+            if token < vocab:
+                bias[token] += value
+        x = x + bias
+    if not config.penalised:
+        return x
+    positions = torch.arange(tokens.shape[1])
+    valid = positions < lengths.unsqueeze(1)
+    output = valid & (positions >= prompt_length)
+    safe = torch.where(valid, tokens, 0)
+    counts = torch.zeros(len(x), vocab).scatter_add_(1, safe, output.float())
+    seen = torch.zeros(len(x), vocab).scatter_add_(1, safe, valid.float()) > 0
+    if config.repetition_penalty != 1:
+        penalty = float(config.repetition_penalty)
+        x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+    return x - config.frequency_penalty * counts - config.presence_penalty * (counts > 0).float()
+
+
+def serving_probs(logits: torch.Tensor, config: ServingConfig, tokens: torch.Tensor, lengths: torch.Tensor,
+                  prompt_length: int) -> torch.Tensor:
+    """The distribution sampled from (B, V), in vLLM's order (see the module docstring)."""
+    x = serving_logits(logits, config, tokens, lengths, prompt_length)
+    if config.greedy:
+        return logits_to_probs(x, SamplingConfig(0), check=False)
+    x = x / float(config.temperature)
+    if config.min_p > 0:
+        probs = torch.softmax(x, -1)
+        x = x.masked_fill(probs < config.min_p * probs.amax(-1, keepdim=True), float("-inf"))
+    return logits_to_probs(x, SamplingConfig(1.0, config.top_k, config.top_p), check=False)
+
+
+def min_p_margin(logits: torch.Tensor, config: ServingConfig) -> float:
+    """How far every token's probability is from min_p times the largest (relative), over rows (B, V)."""
+    if not config.min_p or config.greedy:
+        return float("inf")
+    probs = torch.softmax(logits.float() / float(config.temperature), -1)
+    ratio = probs / probs.amax(-1, keepdim=True)
+    return float((ratio - config.min_p).abs().min())
+
+
+# --------------------------------------------------------------------------- the battery, on disk
+
+
+def llama_model(vocab: int, seed: int, spread: float = 1.0, layers: int = 1, init: float = 0.3):
+    """A randomly initialised transformers ``LlamaForCausalLM`` (two heads of size 32, context 64) whose
+    logits have a standard deviation of about ``spread`` over random contexts (its output layer is scaled
+    until they do). ``init`` is the weights' standard deviation: large enough that the next token depends
+    on the context, which the rollback bugs need to show."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=2 * HEAD_SIZE, intermediate_size=4 * HEAD_SIZE,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=HEAD_SIZE, max_position_embeddings=CONTEXT, initializer_range=init,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                         dtype="float32")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).float().eval()
+        probe = torch.randint(vocab, (64, 16))
+    with torch.no_grad():
+        scale = spread / float(model(probe).logits.std())
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def nudged_llama(model, noise: float, seed: int):
+    """A copy of ``model`` with Gaussian noise of ``noise`` times each weight matrix's spread added."""
+    import copy
+
+    out = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in out.parameters():
+            if weight.ndim > 1:
+                weight.add_(torch.randn(weight.shape, generator=generator) * (noise * float(weight.std())))
+    return out.eval()
+
+
+def save_folder(model, folder: Path) -> Path:
+    """Save ``model`` as a Hugging Face folder (``config.json``, ``model.safetensors``); return it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def load_folder(folder: Path):
+    """The model of a saved folder behind the engine interface (:func:`hf.wrap`), float32, on the CPU,
+    with ``.folder`` set to where it was loaded from."""
+    from transformers import AutoModelForCausalLM
+
+    from .hf import _quiet, wrap
+
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    wrapped = wrap(model.eval(), name=str(folder))
+    wrapped.folder = str(Path(folder).resolve())
+    return wrapped
+
+
+#: The battery: name, vocabulary, seed, spread, draft noise, prompt length, k, config.
+_SPECS = [
+    ("V = 3, T = 1", 3, 11, 1.2, 1.0, 5, 4, ServingConfig()),
+    ("V = 4, T = 0.7, top-k 3", 4, 12, 1.2, 1.0, 23, 4, ServingConfig(0.7, top_k=3)),
+    ("V = 6, T = 0.8, top-p 0.8", 6, 13, 1.0, 1.0, 40, 3, ServingConfig(0.8, top_p=0.8)),
+    ("V = 3, penalties", 3, 14, 1.2, 1.0, 7, 4,
+     ServingConfig(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.3)),
+    ("V = 4, logit_bias and min_p", 4, 15, 1.2, 1.0, 9, 4,
+     ServingConfig(min_p=0.12, logit_bias=((1, 1.0), (3, -0.5)))),
+]
+#: The battery's case names, in order.
+SERVING_CASES = [spec[0] for spec in _SPECS]
+
+
+def _prompt(vocab: int, length: int, seed: int) -> list:
+    return torch.randint(vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def write_battery(root: Path) -> Path:
+    """Write every case's target and draft folder under ``root`` (``<case>/target``, ``<case>/draft``) and
+    ``battery.json`` (prompts, settings, k); deterministic for a given torch and transformers."""
+    from .hf import _quiet
+
+    root = Path(root)
+    index = []
+    for number, (name, vocab, seed, spread, noise, prompt_length, k, config) in enumerate(_SPECS):
+        target = llama_model(vocab, seed, spread)
+        with _quiet():
+            save_folder(target, root / f"case{number}" / "target")
+            save_folder(nudged_llama(target, noise, seed + 100), root / f"case{number}" / "draft")
+        index.append({"name": name, "folder": f"case{number}", "prompt": _prompt(vocab, prompt_length, seed),
+                      "length": k, "config": dataclasses.asdict(config)})
+    (root / "battery.json").write_text(json.dumps(index, indent=1))
+    return root
+
+
+def _config_from(fields: dict) -> ServingConfig:
+    fields = dict(fields)
+    fields["logit_bias"] = tuple(tuple(pair) for pair in fields.get("logit_bias", ()))
+    return ServingConfig(**fields)
+
+
+def serving_battery(root: Path, names: Optional[list] = None, write: bool = True) -> list[EngineCase]:
+    """The serving cases, loaded from the folders under ``root`` (written first when ``write`` and
+    missing). Each case's ``target`` and ``draft`` carry ``.folder``; ``tv`` is :data:`SERVING_TV`.
+    ``names`` picks cases by name (an unknown one raises ``ValueError``)."""
+    root = Path(root)
+    if not (root / "battery.json").exists():
+        if not write:
+            raise ValueError(f"{root} holds no serving battery (battery.json); run write_battery first")
+        write_battery(root)
+    index = json.loads((root / "battery.json").read_text())
+    known = [entry["name"] for entry in index]
+    for name in names or ():
+        if name not in known:
+            raise ValueError(f"no serving case named {name!r}; known: {', '.join(known)}")
+    cases = []
+    for entry in index:
+        if names and entry["name"] not in names:
+            continue
+        target = load_folder(root / entry["folder"] / "target")
+        draft = load_folder(root / entry["folder"] / "draft")
+        cases.append(EngineCase(entry["name"], target, draft, entry["prompt"], _config_from(entry["config"]),
+                                length=entry["length"], tv=SERVING_TV))
+    return cases
+
+
+# --------------------------------------------------------------------------- independence across requests
+
+
+class PairedCase(EngineCase):
+    """Two requests of ``base`` decoded side by side: the engine is asked for 2n rows at once, and rows
+    2i and 2i + 1 form outcome i, a sequence of 2k tokens. Its exact law is the product of ``base``'s.
+    ``length`` audits fewer tokens of each request than ``base`` does (the product law's cells are
+    squared)."""
+
+    def __init__(self, base: EngineCase, tv: Optional[float] = None, length: Optional[int] = None):
+        if length is not None:
+            base = EngineCase(base.name, base.target, base.draft, base.prompt, base.config, length, base.tv)
+        super().__init__(f"{base.name}, two requests side by side", base.target, base.draft, base.prompt,
+                         base.config, length=2 * base.length, tv=base.tv if tv is None else tv)
+        self.base = base
+
+    def law(self):
+        if self._law is None:
+            codes, probs = self.base.law()
+            shift = self.vocab ** self.base.length
+            joint_codes = (codes[:, None] * shift + codes[None, :]).ravel()
+            joint = np.outer(probs, probs).ravel()
+            order = np.argsort(joint_codes)
+            self._law = (joint_codes[order], joint[order], self.base.entropy_bits, self.base.acceptance,
+                         self.base.margin)
+        return self._law[0], self._law[1]
+
+    def run(self, engine, generator: torch.Generator, n: int):
+        tokens = torch.as_tensor(engine(self.target, self.draft, list(self.prompt), self.base.length, self.config,
+                                        generator, 2 * n))
+        if tuple(tokens.shape) != (2 * n, self.base.length):
+            raise ValueError(f"returned shape {tuple(tokens.shape)} for {2 * n} requests, expected "
+                             f"({2 * n}, {self.base.length})")
+        return tokens.reshape(n, self.length)
+
+
+def paired(case: EngineCase, tv: Optional[float] = None, length: Optional[int] = 2) -> PairedCase:
+    """The independence case of ``case`` (:class:`PairedCase`), two tokens of each request by default."""
+    return PairedCase(case, tv, length)
