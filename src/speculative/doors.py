@@ -127,6 +127,7 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
         rows = [list(output.outputs[0].token_ids) for output in outputs]
         return torch.tensor(rows[::2] if mixed else rows)
 
+    engine.llm = lambda target, draft: build(target.folder, draft.folder)  # the LLM behind a case
     described = json.dumps(speculative_config) if speculative_config else "no speculation"
     engine.__qualname__ = name or ("vLLM " + described + (", mixed settings" if mixed else "")
                                    + (", seeded" if seeded else ""))
@@ -404,14 +405,17 @@ def versions() -> dict:
 def run_serving_audit(door: str, *, methods=None, speculative_config: Optional[dict] = None, axes=("plain",),
                       battery=None, case_names=None, as_shipped: bool = False, base_url: Optional[str] = None,
                       serve: Optional[str] = None, seed: int = 0, max_rows: Optional[int] = None,
-                      progress: bool = False, record=None, run_name: Optional[str] = None) -> dict:
+                      progress: bool = False, record=None, run_name: Optional[str] = None,
+                      surface: bool = False) -> dict:
     """Audit a serving engine on the serving battery, one configuration per method and axis; return the
     run (its configurations' reports, as dicts with a ``table``) and, with ``record``, add it there under
     ``run_name`` (the file keeps every run of every door).
 
     ``door`` is ``"vllm"`` (in-process; ``methods`` of :data:`VLLM_METHODS` or one ``speculative_config``;
     ``as_shipped`` keeps this package's vLLM plugin out) or ``"openai"`` (``base_url``, or ``serve``, a
-    template started per case). ``case_names`` picks cases by a part of their names."""
+    template started per case). ``case_names`` picks cases by a part of their names. ``surface=True`` (vLLM)
+    also records what greedy-match and logprob checks see (:func:`vllm_surface_checks`) with the first
+    method."""
     import tempfile
     from pathlib import Path
 
@@ -461,6 +465,9 @@ def run_serving_audit(door: str, *, methods=None, speculative_config: Optional[d
             from .vllm_plugin import NAME
 
             run["plugin_loaded"] = not as_shipped and _plugin_allowed(NAME)
+        if door == "vllm" and surface:
+            first = next(iter(configs.values()))
+            run["surface_checks"] = vllm_surface_checks(cases, first)
         for method, config in configs.items():
             for axis in axes:
                 run["configurations"].append(_configuration(door, method, config, axis, cases, base_url, serve,
@@ -510,3 +517,45 @@ def _add_run(path, name: str, run: dict) -> None:
     record["runs"][name] = run
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def vllm_surface_checks(cases: list, speculative_config: Optional[dict], rows: int = 200) -> dict:
+    """What a greedy-match test and a logprob test see of vLLM under ``speculative_config``: for each case,
+    whether greedy decoding (temperature 0) emits the target's own greedy tokens, computed by full forwards;
+    and, on ``rows`` sampled rows, the largest gap between the logprob vLLM reports for each emitted token
+    and the target's exact log-softmax there (cases at temperature 1 without truncation only, where the
+    two are the same quantity)."""
+    from vllm import SamplingParams
+
+    from .serving import ServingConfig
+
+    engine = vllm_engine(speculative_config)
+    out = []
+    for case in cases:
+        config = ServingConfig(0.0)
+        greedy = torch.as_tensor(engine(case.target, case.draft, list(case.prompt), case.length, config,
+                                        torch.Generator().manual_seed(0), 4))
+        context = torch.tensor([list(case.prompt)])
+        for _ in range(case.length):
+            context = torch.cat([context, case.target(context)[:, -1].argmax(-1, keepdim=True)], 1)
+        exact = context[0, len(case.prompt):]
+        row = {"case": case.name, "greedy_matches": bool((greedy == exact).all()), "logprob_gap": None}
+        plain = case.config.temperature == 1 and not case.config.top_k and not case.config.top_p
+        if plain and not getattr(case.config, "penalised", False) and not getattr(case.config, "logit_bias", ()):
+            llm = engine.llm(case.target, case.draft)
+            params = SamplingParams(temperature=1.0, max_tokens=case.length, min_tokens=case.length, ignore_eos=True,
+                                    detokenize=False, logprobs=0)
+            answers = llm.generate([{"prompt_token_ids": list(case.prompt)}] * rows, params, use_tqdm=False)
+            gap = 0.0
+            for answer in answers:
+                tokens = list(answer.outputs[0].token_ids)
+                full = torch.tensor([list(case.prompt) + tokens])
+                logp = torch.log_softmax(case.target(full)[0].double(), -1)
+                for i, (token, reported) in enumerate(zip(tokens, answer.outputs[0].logprobs)):
+                    exact_lp = float(logp[len(case.prompt) - 1 + i, token])
+                    gap = max(gap, abs(reported[token].logprob - exact_lp))
+            row["logprob_gap"] = gap
+            row["logprob_rows"] = rows
+        out.append(row)
+    return {"speculative_config": speculative_config, "cases": out}
+

@@ -520,7 +520,7 @@ class EngineEntry:
     bug: Optional[str] = None
     penalty: bool = False  # needs the repetition-penalty case to show
     truncation: bool = False  # needs a case with top-k or top-p to show
-    needs: str = ""  # what a serving case must have for the bug to show
+    needs: tuple = ()  # serving entries: the serving cases it runs on ("paired": two requests side by side)
 
     def engine(self) -> Callable:
         def run(target, draft, prompt, max_new_tokens, config, generator, n):
@@ -566,28 +566,6 @@ GALLERY = [
                 "the draft samples at 1.5 times the temperature and the rule is given that q"),
     EngineEntry("random_gamma", "a random draft length", True,
                 "draws each block's length uniformly from 1..3 with the engine's generator"),
-    EngineEntry("settings_not_expanded", "settings not expanded to the drafted positions", False,
-                "verifies the drafted positions at temperature 1 with no top-k or top-p; only the last position "
-                "gets the request's settings (vLLM 0.32.0 on CPU reads them from memory it never wrote)",
-                "vllm55005", "https://github.com/vllm-project/vllm/issues/55005", "settings_not_expanded",
-                needs="a temperature other than 1, or top-k or top-p"),
-    EngineEntry("shared_stream", "side-by-side requests share one random stream", False,
-                "two requests decoded side by side draw the same uniforms, so they emit the same tokens; each "
-                "request alone keeps the law", "tensorrtllm19487", "https://github.com/NVIDIA/TensorRT-LLM/issues/19487",
-                "shared_stream", needs="two requests side by side"),
-    EngineEntry("penalty_per_step", "penalties updated once per block", False,
-                "applies presence, frequency and repetition penalties from the output as it stood when the block "
-                "began, so a drafted position does not see the drafts before it",
-                "sglang33643", "https://github.com/sgl-project/sglang/pull/33643", "penalty_per_step",
-                needs="penalties"),
-    EngineEntry("logit_bias_ignored", "logit_bias dropped under speculation", False,
-                "decodes, drafts and verifies as if the request carried no logit_bias",
-                "vllm38202", "https://github.com/vllm-project/vllm/issues/38202", "logit_bias_ignored",
-                needs="logit_bias"),
-    EngineEntry("deterministic_draft", "a deterministic draft", True,
-                "proposes the draft's arg-max and hands the rule that one-hot q, as n-gram and greedy draft heads "
-                "do: fewer acceptances, the same law (the class of vLLM #40149, read as a bias)",
-                "vllm40149", "https://github.com/vllm-project/vllm/issues/40149", "deterministic_draft"),
 ]
 
 

@@ -32,11 +32,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .engines import CONTEXT, EngineCase
+from .engines import CONTEXT, EngineCase, EngineEntry
 from .transforms import SamplingConfig, logits_to_probs
 
 __all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "save_folder", "load_folder",
-           "serving_battery", "PairedCase", "paired", "SERVING_TV", "HEAD_SIZE"]
+           "serving_battery", "PairedCase", "paired", "SERVING_TV", "HEAD_SIZE", "SERVING_GALLERY",
+           "serving_gallery", "SERVING_CASES"]
 
 #: The total variation distance each serving case's sample is sized to detect at power 0.99.
 SERVING_TV = 0.03
@@ -321,3 +322,106 @@ class PairedCase(EngineCase):
 def paired(case: EngineCase, tv: Optional[float] = None, length: Optional[int] = 2) -> PairedCase:
     """The independence case of ``case`` (:class:`PairedCase`), two tokens of each request by default."""
     return PairedCase(case, tv, length)
+
+
+# --------------------------------------------------------------------------- the serving gallery
+
+_T1, _TOPK, _TOPP, _PENALTIES, _BIAS = SERVING_CASES
+#: Engines built on :func:`engines.reference_engine` with the bug classes serving adds, and the serving
+#: cases each runs on (``"paired"``: the first case's two requests side by side).
+SERVING_GALLERY = [
+    EngineEntry("reference", "the reference engine", True, "a correct engine: both contexts are the emitted tokens",
+                needs=tuple(SERVING_CASES) + ("paired",)),
+    EngineEntry("settings_not_expanded", "settings not expanded to the drafted positions", False,
+                "verifies the drafted positions at temperature 1 with no top-k or top-p; only the last position "
+                "gets the request's settings (vLLM 0.32.0 on CPU reads them from memory it never wrote)",
+                "vllm55005", "https://github.com/vllm-project/vllm/issues/55005", "settings_not_expanded",
+                needs=(_TOPK, _TOPP)),
+    EngineEntry("shared_stream", "side-by-side requests share one random stream", False,
+                "two requests decoded side by side draw the same uniforms, so they emit the same tokens; each "
+                "request alone keeps the law", "tensorrtllm19487",
+                "https://github.com/NVIDIA/TensorRT-LLM/issues/19487", "shared_stream", needs=(_T1, "paired")),
+    EngineEntry("penalty_per_step", "penalties updated once per block", False,
+                "applies presence, frequency and repetition penalties from the output as it stood when the block "
+                "began, so a drafted position does not see the drafts before it",
+                "sglang33643", "https://github.com/sgl-project/sglang/pull/33643", "penalty_per_step",
+                needs=(_PENALTIES,)),
+    EngineEntry("logit_bias_ignored", "logit_bias dropped under speculation", False,
+                "decodes, drafts and verifies as if the request carried no logit_bias",
+                "vllm38202", "https://github.com/vllm-project/vllm/issues/38202", "logit_bias_ignored",
+                needs=(_BIAS,)),
+    EngineEntry("deterministic_draft", "a deterministic draft", True,
+                "proposes the draft's arg-max and hands the rule that one-hot q, as n-gram and greedy draft heads "
+                "do: fewer acceptances, the same law (the class of vLLM #40149, read as a bias)",
+                "vllm40149", "https://github.com/vllm-project/vllm/issues/40149", "deterministic_draft",
+                needs=(_T1, _PENALTIES)),
+]
+
+
+def _entry_cases(entry: EngineEntry, cases: list) -> list:
+    by_name = {case.name: case for case in cases}
+    return [paired(by_name[_T1]) if name == "paired" else by_name[name] for name in entry.needs]
+
+
+def wrong_law(entry: EngineEntry, case: EngineCase) -> Optional[dict]:
+    """The exact law of ``entry``'s outcomes on ``case`` ({code: probability}) where it can be enumerated
+    without running the engine: a shared stream emits one request's tokens twice; a dropped logit_bias
+    emits the law of the case without it. None for the other entries."""
+    if entry.bug == "shared_stream" and isinstance(case, PairedCase):
+        base_codes, base_probs = case.base.law()
+        return dict(zip((base_codes * case.vocab ** case.base.length + base_codes).tolist(), base_probs.tolist()))
+    if entry.bug == "logit_bias_ignored":
+        unbiased = EngineCase(case.name, case.target, case.draft, case.prompt,
+                              dataclasses.replace(case.config, logit_bias=()), case.length, case.tv)
+        return dict(zip(*(a.tolist() for a in unbiased.law())))
+    return None
+
+
+def _enumerated_power(entry: EngineEntry, case: EngineCase, n: int, per_case: float) -> Optional[float]:
+    """The probability that the case's test at n rows rejects the entry, from :func:`wrong_law` (None
+    where that law is not enumerated). Mass outside the null's support fails the case at once, so it
+    counts through the chance that at least one of the n rows lands there."""
+    from . import stats
+
+    wrong = wrong_law(entry, case)
+    if wrong is None:
+        return None
+    codes, probs = case.law()
+    inside = np.array([wrong.get(code, 0.0) for code in codes.tolist()])
+    outside = max(0.0, 1.0 - float(inside.sum()))
+    hit_outside = 1.0 - (1.0 - outside) ** n
+    if inside.sum() <= 0:
+        return hit_outside
+    fit_power = stats.power(n, list(probs), list(inside / inside.sum()), per_case)
+    return 1.0 - (1.0 - hit_outside) * (1.0 - fit_power)
+
+
+def serving_gallery(cases: list, family_false_alarm: Optional[float] = None, power_rows: int = 10_000,
+                    max_rows: Optional[int] = None, seed: int = 0) -> list[dict]:
+    """Audit every engine of :data:`SERVING_GALLERY` on the serving cases it needs; for each wrong one,
+    the probability that its cases reject it: from its exact law where that can be enumerated
+    (``power_from`` "law"), else from an independent sample of ``power_rows`` rows ("sample")."""
+    from . import stats
+    from .audit import audit_engine, engine_power
+
+    family_false_alarm = stats.FALSE_ALARM_RATE if family_false_alarm is None else family_false_alarm
+    rows = []
+    for entry in SERVING_GALLERY:
+        chosen = _entry_cases(entry, cases)
+        report = audit_engine(entry.engine(), cases=chosen, family_false_alarm=family_false_alarm, seed=seed,
+                              max_rows=max_rows)
+        row = {"key": entry.key, "name": entry.name, "lawful": entry.lawful, "cite": entry.cite, "url": entry.url,
+               "passed": report.passed, "cases": [case.name for case in chosen],
+               "failed": [r.name for r in report.results if not r.passed], "report": report, "power": None,
+               "power_from": None}
+        if not entry.lawful:
+            per_case, miss, sources = family_false_alarm / len(chosen), 1.0, set()
+            for result, case in zip(report.results, chosen):
+                power = _enumerated_power(entry, case, result.n, per_case)
+                sources.add("law" if power is not None else "sample")
+                if power is None:
+                    power = engine_power(entry.engine(), case, result.n, per_case, power_rows)
+                miss *= 1 - power
+            row["power"], row["power_from"] = 1 - miss, "+".join(sorted(sources))
+        rows.append(row)
+    return rows

@@ -64,3 +64,62 @@ def register() -> None:
     cpu_triton_utils._expand_kernel_impl = expand_kernel
     if not getattr(topk_topp_sampler.apply_top_k_only, "corrected", False):
         topk_topp_sampler.apply_top_k_only = _guard_empty(topk_topp_sampler.apply_top_k_only)
+
+
+#: The reproduction an upstream report carries: three requests with 2, 3 and 1 drafted positions.
+REPRODUCTION = '''import torch
+from vllm.platforms import current_platform
+from vllm.utils.cpu_triton_utils import _expand_kernel_impl
+
+current_platform.import_kernels()  # the C++ ops this CPU supports
+temperature = torch.tensor([0.5, 2.0, 0.7])  # one value per request
+cu_num_draft_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)  # 2, 3 and 1 drafted positions
+expanded = torch.full((6,), -7.0)  # vLLM allocates this with new_empty; -7 makes it visible
+_expand_kernel_impl(expanded, temperature, cu_num_draft_tokens, -1, 1)
+print(expanded.tolist())  # expected [0.5, 0.5, 2.0, 2.0, 2.0, 0.7]
+'''
+
+
+def reproduce() -> dict:
+    """Run :data:`REPRODUCTION`'s call with vLLM's shipped function and with :func:`expand_kernel`;
+    return what each wrote and what was expected."""
+    from vllm.platforms import current_platform
+    from vllm.utils import cpu_triton_utils
+
+    current_platform.import_kernels()
+    shipped = getattr(cpu_triton_utils._expand_kernel_impl, "__wrapped__", cpu_triton_utils._expand_kernel_impl)
+    temperature = torch.tensor([0.5, 2.0, 0.7])
+    cu_num_draft_tokens = torch.tensor([2, 5, 6], dtype=torch.int32)
+    out = {"expected": [0.5, 0.5, 2.0, 2.0, 2.0, 0.7], "code": REPRODUCTION}
+    for label, function in (("shipped", shipped), ("corrected", expand_kernel)):
+        expanded = torch.full((6,), -7.0)
+        function(expanded, temperature, cu_num_draft_tokens, -1, 1)
+        out[label] = [round(v, 6) for v in expanded.tolist()]
+    out["shipped_is"] = f"{shipped.__module__}.{shipped.__qualname__}"
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m speculative.vllm_plugin [--record FILE]``: print the reproduction's result (and add it
+    to a serving record as its ``reproduction``)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--record", default=None)
+    args = parser.parse_args(argv)
+    result = reproduce()
+    print("expected ", result["expected"])
+    print("shipped  ", result["shipped"], f"({result['shipped_is']})")
+    print("corrected", result["corrected"])
+    if args.record:
+        path = Path(args.record)
+        record = json.loads(path.read_text()) if path.exists() else {"schema": "serving-audit/1", "runs": {}}
+        record["reproduction"] = result
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
