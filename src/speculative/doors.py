@@ -101,6 +101,7 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
             llm = LLM(**options)
         except Exception as error:  # noqa: BLE001 - vLLM raises many kinds; the audit needs one line
             raise ValueError(f"vLLM refused to start: {_one_line(error)}") from None
+        _register_kernels_once()
         state.update(key=(target, draft), llm=llm)
         return llm
 
@@ -132,6 +133,19 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
     engine.__qualname__ = name or ("vLLM " + described + (", mixed settings" if mixed else "")
                                    + (", seeded" if seeded else ""))
     return engine
+
+
+def _register_kernels_once() -> None:
+    """Keep a second ``LLM`` in this process from registering the CPU platform's kernel overrides again.
+
+    The first ``LLM`` registers them for the process; registering again rescans every loaded module, and
+    once n-gram speculation has imported numba the rescan raises (``'_lib_fn_wrapper' object has no
+    attribute 'get'``). Engines in a server are built once per process, so this only matters to an audit
+    that builds one per case."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        type(current_platform).register_triton_kernel_overrides = classmethod(lambda cls: None)
 
 
 # --------------------------------------------------------------------------- any OpenAI-compatible server
