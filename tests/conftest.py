@@ -21,8 +21,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 #: first. ``make test`` hands whole files to its two workers in collection order (``--dist loadfile
 #: --no-loadscope-reorder``); starting the long ones first keeps one worker from finishing minutes before
 #: the other. The order changes how long the run takes, never what it tests.
-HEAVY_FIRST = ("test_engine_law.py", "test_engine_law_chains.py", "test_hf.py", "test_policy.py", "test_audit.py",
-               "test_decode.py", "test_cli.py")
+HEAVY_FIRST = ("test_engine_law.py", "test_serving.py", "test_engine_law_chains.py", "test_hf.py", "test_policy.py",
+               "test_audit.py", "test_decode.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -77,7 +77,7 @@ def law_pair(pair):
     on the target's forwards, which ``exact_sequence_law`` enumerates for whatever target it is given; the two
     agree often enough (about 2.8 of 4 drafts accepted at gamma = 4, T = 1, top-k 2, over the first 8
     prompts) that blocks end both after a full acceptance (about half of them) and after a rejection in
-    mid-block. (With the draft shipped since chapter 13's race as the target, 3% of noise left 3.7 of 4
+    mid-block. (With the draft shipped since chapter 14's race as the target, 3% of noise left 3.7 of 4
     accepted, too few rejections for the multi-draft law test to reach both of its root's paths.)"""
     import copy
     from types import SimpleNamespace

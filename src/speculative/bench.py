@@ -1,7 +1,7 @@
 """Benchmarks: measured side by side in one run, written as raw observations with what they ran on.
 
 Explained in: notebooks/04_transforms (the sampler benchmark), notebooks/07_cost_model (the calibration),
-notebooks/13_which_draft (the race of drafts and the block profile)
+notebooks/14_which_draft (the race of drafts and the block profile)
 and notebooks/08_decoding_demo (the decode benchmark).
 
 A benchmark here is never a timed test: it measures and returns a record (:mod:`speculative.records`

@@ -527,8 +527,15 @@ def _configuration(door, method, config, axis, cases, base_url, serve, seed, max
 
 
 def _add_run(path, name: str, run: dict) -> None:
+    """Add ``run`` to the record at ``path`` under ``name``; a second command with the same name adds its
+    configurations to that run."""
     record = json.loads(path.read_text()) if path.exists() else {"schema": "serving-audit/1", "runs": {}}
-    record["runs"][name] = run
+    if name in record["runs"]:
+        record["runs"][name]["configurations"] += run["configurations"]
+        if "surface_checks" in run:
+            record["runs"][name]["surface_checks"] = run["surface_checks"]
+    else:
+        record["runs"][name] = run
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
 

@@ -1,7 +1,7 @@
 """Which draft? Its price (a draft step c and a verification v, measured) and its agreement (alpha,
 computed exactly from full forwards), and candidate drafts saved beside the shipped target.
 
-Explained in: notebooks/13_which_draft.
+Explained in: notebooks/14_which_draft.
 
 What a draft gains is set by three numbers: alpha, the acceptance rate of its tested drafts; c, a draft
 step in plain steps; and v(gamma), a verification over gamma + 1 positions in plain steps. This module

@@ -1,6 +1,6 @@
 """Whole engines, end to end: tiny models whose emitted law is known exactly, and engines to audit on them.
 
-Explained in: notebooks/13_audit_engine.
+Explained in: notebooks/12_audit_engine.
 
 :mod:`audit` checks a verification *function*. An engine can be wrong outside it: in the q it hands the
 rule, in a processor applied to one side only, in what its caches hold after a rejection. Only the law of
@@ -224,7 +224,7 @@ def _enumerate(case: EngineCase) -> tuple:
 
 
 def engine_battery(penalty: bool = False, config: Optional[SamplingConfig] = None) -> list[EngineCase]:
-    """Return the default engine cases (see the module docstring and notebooks/13_audit_engine).
+    """Return the default engine cases (see the module docstring and notebooks/12_audit_engine).
 
     Four cases of different vocabularies, prompt lengths and processors, each auditing k = 9 tokens
     (at least three blocks for an engine that drafts at most 3 tokens a block); ``penalty=True`` adds a

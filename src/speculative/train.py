@@ -1,6 +1,6 @@
 """Training the target and the draft on the stdlib corpus, within a time budget, and the pair recipe.
 
-Explained in: notebooks/08_decoding_demo (how the shipped pair was made) and notebooks/13_which_draft
+Explained in: notebooks/08_decoding_demo (how the shipped pair was made) and notebooks/14_which_draft
 (drafts distilled for acceptance).
 
 Training is seeded, but a *time* budget makes the number of steps depend on the machine: the log records
