@@ -6,7 +6,7 @@
 # job stays within CI's time.
 # Usage: scripts/audit_vllm.sh PYTHON RECORD
 set -uo pipefail
-PY=$1
+PY="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # absolute, not resolved: the venv's own python
 RECORD=$2
 LOG=${VLLM_AUDIT_LOG:-_build/audit-vllm.log}
 BATTERY=$(mktemp -d)

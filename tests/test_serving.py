@@ -48,7 +48,7 @@ def _by_name(cases):
 def test_serving_probs_follow_vllms_order_computed_by_hand():
     logits = torch.tensor([[1.0, -0.5, 0.3, 2.0]])
     tokens = torch.tensor([[0, 3, 3, 1]])  # prompt [0], output so far [3, 3, 1]
-    config = ServingConfig(0.8, top_k=3, min_p=0.05, presence_penalty=0.1, frequency_penalty=0.2,
+    config = ServingConfig(0.8, top_k=3, min_p=0.31, presence_penalty=0.1, frequency_penalty=0.2,
                            repetition_penalty=1.3, logit_bias=((1, 1.0), (2, -0.25)))
     got = serving_probs(logits, config, tokens, torch.tensor([4]), prompt_length=1)
     x = np.array([1.0, -0.5, 0.3, 2.0]) + np.array([0, 1.0, -0.25, 0])  # bias first: [1, 0.5, 0.05, 2]
@@ -58,12 +58,14 @@ def test_serving_probs_follow_vllms_order_computed_by_hand():
     x = x - 0.2 * counts - 0.1 * (counts > 0)
     x = x / 0.8
     p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
-    x = np.where(p < 0.05 * p.max(), -np.inf, x)
+    x = np.where(p < 0.31 * p.max(), -np.inf, x)
     kth = np.sort(x)[-3]
     x = np.where(x < kth, -np.inf, x)
     want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
     assert np.allclose(got[0].numpy(), want, atol=1e-6)
-    assert got[0, 2] == 0  # top-3 drops the biased-down token
+    # top-3 keeps token 1 and min_p drops it (its probability is 0.30 of the largest after the temperature;
+    # 0.38 before it, so a min_p applied before the temperature would keep it)
+    assert got[0, 1] == 0 and got[0, 2] == 0 and (got[0, [0, 3]] > 0).all()
 
 
 @pytest.mark.parametrize("fields, word", [({"min_p": 1.5}, "min_p"), ({"presence_penalty": 3}, "presence_penalty"),
@@ -125,11 +127,18 @@ def test_paired_law_is_the_product_of_one_request_law(battery):
 # --------------------------------------------------------------------------- the serving gallery
 
 
+#: the cases each wrong engine of the serving gallery must fail (every case it runs on)
+_MUST_FAIL = {"settings_not_expanded": 2, "shared_stream": 1, "penalty_per_step": 1, "logit_bias_ignored": 1,
+              "point_residual": 2}
+
+
 @pytest.mark.parametrize("entry", SERVING_GALLERY, ids=lambda entry: entry.key)
 def test_each_serving_gallery_engine_gets_its_verdict(battery, entry):
     cases = _entry_cases(entry, battery[1])
     report = audit_engine(entry.engine(), cases=cases, max_rows=6_000)
     assert report.passed == entry.lawful, report.table()
+    failed = sum(not r.passed for r in report.results)
+    assert failed == (0 if entry.lawful else _MUST_FAIL[entry.key]), report.table()
 
 
 @pytest.mark.parametrize("key, case_index", [("shared_stream", "paired"), ("logit_bias_ignored", 4)])
@@ -138,7 +147,6 @@ def test_an_enumerated_wrong_law_is_the_law_the_wrong_engine_samples(battery, ke
     cases = battery[1]
     case = paired(cases[0]) if case_index == "paired" else cases[case_index]
     wrong = wrong_law(entry, case)
-    assert abs(sum(wrong.values()) - 1) < 1e-9
     codes = np.array(sorted(wrong))
     probs = np.array([wrong[c] for c in codes])
     tokens = case.run(entry.engine(), torch.Generator().manual_seed(3), 6_000)
@@ -149,7 +157,6 @@ def test_an_enumerated_wrong_law_is_the_law_the_wrong_engine_samples(battery, ke
     assert fit.p_value > 1e-6  # false alarm 1e-6; a law that differs by TV 0.1 fails at power ~1
     # and the power from it, at the audit's sample size, is what the gallery reports
     assert _enumerated_power(entry, case, 30_000, 1e-6) > 0.99
-    assert _enumerated_power(next(e for e in SERVING_GALLERY if e.key == "reference"), case, 30_000, 1e-6) is None
 
 
 # --------------------------------------------------------------------------- the OpenAI door, over HTTP

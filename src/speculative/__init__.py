@@ -9,6 +9,10 @@ with one job (``defaults`` holds every default):
   ``model`` (a byte-level GPT with a static KV cache), ``decode`` (plain and speculative decoding),
   ``evaluate`` (reference laws and scores from full forwards), ``timing`` (device-aware clocks);
 - ``stats`` (goodness of fit, TV bounds, sample sizes, the measured acceptance rate);
+- audits: ``audit`` (samplers and whole engines against exact laws), ``engines`` (the engine battery, the
+  reference engine and its gallery), ``serving`` (the serving battery of Llama folders, serving settings
+  and axes, the serving gallery), ``doors`` (vLLM in-process and OpenAI-compatible servers),
+  ``serving_record`` (serving records analysed again), ``vllm_plugin`` (the correction vLLM loads);
 - ``pair`` (save and load a checksummed model pair), ``corpus`` and ``train`` (how the pair is made),
   ``bench`` (benchmarks: raw observations), ``records`` (their schema), ``analysis`` (every figure from
   them), ``report`` (tables), ``book`` (what the chapters share), and the CLI

@@ -1,6 +1,6 @@
 """Doors to serving engines, in the engine audit's ``"models"`` convention (:mod:`engines`).
 
-Explained in: notebooks/12_audit_engine (section "Audit your serving engine").
+Explained in: notebooks/13_audit_serving.
 
 Each door is a function that returns an engine: ``engine(target, draft, prompt, max_new_tokens, config,
 generator, n)`` gives an ``(n, max_new_tokens)`` tensor of token ids. The case's models are folders
@@ -39,7 +39,8 @@ from .serving import as_serving
 __all__ = ["vllm_engine", "openai_engine", "serving", "served_engine", "free_port", "VLLM_METHODS",
            "COMPANION", "REQUEST_TIMEOUT", "START_TIMEOUT"]
 
-#: Seconds a single HTTP request may take before the case fails.
+#: Seconds the server may stay silent on a request's connection (urllib's timeout bounds each wait on the
+#: socket); the audit's time limit per case bounds the whole case.
 REQUEST_TIMEOUT = 120.0
 #: Seconds a server started from a template may take to answer /v1/models.
 START_TIMEOUT = 120.0
@@ -124,7 +125,8 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
         try:
             outputs = llm.generate(prompts, params, use_tqdm=False)
         except Exception as error:  # noqa: BLE001
-            raise ValueError(f"vLLM refused the request: {_one_line(error)}") from None
+            said = "refused the request" if "Validation" in type(error).__name__ else "raised during generate"
+            raise ValueError(f"vLLM {said}: {_one_line(error)}") from None
         rows = [list(output.outputs[0].token_ids) for output in outputs]
         return torch.tensor(rows[::2] if mixed else rows)
 
@@ -179,13 +181,21 @@ def _choice_ids(choice: dict) -> list:
     raise ValueError("the server answered text, not token ids (no token_ids, no logprobs tokens token_id:N)")
 
 
+#: The request fields an OpenAI-compatible server assumes when they are left out.
+_DEFAULTS = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+             "repetition_penalty": 1.0}
+
+
 def openai_engine(base_url: str, model: Optional[str] = None, *, per_request: int = 64,
                   timeout: float = REQUEST_TIMEOUT, seeded: bool = False, concurrency: int = 4) -> Callable:
     """Any OpenAI-compatible server in the ``"models"`` convention, through ``POST /v1/completions``.
 
     Each request sends the prompt as token ids, ``n`` (at most ``per_request`` rows), ``max_tokens`` =
-    ``min_tokens`` = k with ``ignore_eos``, the case's sampling fields, and asks for token ids back
-    (``return_token_ids``, and ``logprobs`` with ``return_tokens_as_token_ids`` as a second way). Up to
+    ``min_tokens`` = k with ``ignore_eos``, the temperature and those of the case's sampling fields that
+    differ from their defaults, and asks for token ids back (``return_token_ids``, and ``logprobs`` with
+    ``return_tokens_as_token_ids`` as a second way). ``min_tokens``, ``ignore_eos``, ``top_k`` and the
+    token-id fields are vLLM's extensions, which SGLang also reads; a server that knows none of them
+    answers text or refuses the request, and the case fails in one line saying which. Up to
     ``concurrency`` requests are in flight at once. ``seeded=True`` gives each request a seed drawn from
     the audit's generator. ``model`` defaults to the first id ``/v1/models`` lists.
     """
@@ -209,8 +219,11 @@ def openai_engine(base_url: str, model: Optional[str] = None, *, per_request: in
         return state["model"]
 
     def engine(target, draft, prompt, max_new_tokens, config, generator, n):
+        # over HTTP, rows of one request are its n choices: a paired case pairs two choices of one request
         name = model_name()
-        fields = as_serving(config).request_fields()
+        # a field a server may not know is sent only when it is set
+        fields = {key: value for key, value in as_serving(config).request_fields().items()
+                  if key == "temperature" or value != _DEFAULTS.get(key)}
         if fields.get("logit_bias"):
             fields["logit_bias"] = {str(t): b for t, b in fields["logit_bias"].items()}
         sizes = [min(per_request, n - start) for start in range(0, n, per_request)]
@@ -263,15 +276,17 @@ def _filled(template: str, target: str, draft: str, port: int) -> str:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
+    """Stop the server's whole session (its children too, even when the shell that started them has
+    exited): SIGTERM, then SIGKILL after 15 s."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=15)
 
 
@@ -363,7 +378,7 @@ def served_engine(template: str, *, timeout: float = START_TIMEOUT, **options) -
 #: The serving axes: which battery cases a configuration runs, and how the door is asked.
 AXES = {
     "plain": "every case of the serving battery, one request per row",
-    "mixed": "the three sampling cases, each row beside a row at another temperature and top-k in one batch",
+    "mixed": "the top-k and top-p cases, each row beside a row at another temperature and top-k in one batch",
     "paired": "two requests side by side (two tokens each): their joint law must be the product",
     "seeded": "every request with its own seed: the law over seeds must be the target's",
 }
@@ -376,7 +391,7 @@ def axis_cases(axis: str, battery: list) -> list:
     if axis == "plain":
         return list(battery)
     if axis == "mixed":
-        return list(battery[:3])
+        return list(battery[1:3])
     if axis == "paired":
         return [paired(battery[0])]
     if axis == "seeded":
@@ -514,7 +529,15 @@ def _configuration(door, method, config, axis, cases, base_url, serve, seed, max
     try:
         report = audit_engine(engine, cases=axis_cases(axis, cases), seed=seed, max_rows=max_rows, progress=progress,
                               name=label, time_limit=300.0)
-        repeats = seed_repeats(engine, cases[0]) if seeded else None
+        repeats = None
+        if seeded:
+            from .audit import _time_limit, _Timeout
+
+            try:
+                with _time_limit(300.0):
+                    repeats = seed_repeats(engine, cases[0])
+            except _Timeout:
+                repeats = None
     finally:
         getattr(engine, "close", lambda: None)()
     out = json.loads(report.to_json())
@@ -554,8 +577,12 @@ def vllm_surface_checks(cases: list, speculative_config: Optional[dict], rows: i
     out = []
     for case in cases:
         config = ServingConfig(0.0)
-        greedy = torch.as_tensor(engine(case.target, case.draft, list(case.prompt), case.length, config,
-                                        torch.Generator().manual_seed(0), 4))
+        try:
+            greedy = torch.as_tensor(engine(case.target, case.draft, list(case.prompt), case.length, config,
+                                            torch.Generator().manual_seed(0), 4))
+        except ValueError as error:
+            out.append({"case": case.name, "greedy_matches": None, "logprob_gap": None, "error": str(error)})
+            continue
         context = torch.tensor([list(case.prompt)])
         for _ in range(case.length):
             context = torch.cat([context, case.target(context)[:, -1].argmax(-1, keepdim=True)], 1)
@@ -566,13 +593,18 @@ def vllm_surface_checks(cases: list, speculative_config: Optional[dict], rows: i
             llm = engine.llm(case.target, case.draft)
             params = SamplingParams(temperature=1.0, max_tokens=case.length, min_tokens=case.length, ignore_eos=True,
                                     detokenize=False, logprobs=0)
-            answers = llm.generate([{"prompt_token_ids": list(case.prompt)}] * rows, params, use_tqdm=False)
+            try:
+                answers = llm.generate([{"prompt_token_ids": list(case.prompt)}] * rows, params, use_tqdm=False)
+            except Exception as error:  # noqa: BLE001
+                row["error"] = _one_line(error)
+                out.append(row)
+                continue
             gap = 0.0
             for answer in answers:
                 tokens = list(answer.outputs[0].token_ids)
                 full = torch.tensor([list(case.prompt) + tokens])
                 logp = torch.log_softmax(case.target(full)[0].double(), -1)
-                for i, (token, reported) in enumerate(zip(tokens, answer.outputs[0].logprobs)):
+                for i, (token, reported) in enumerate(zip(tokens, answer.outputs[0].logprobs or [])):
                     exact_lp = float(logp[len(case.prompt) - 1 + i, token])
                     gap = max(gap, abs(reported[token].logprob - exact_lp))
             row["logprob_gap"] = gap

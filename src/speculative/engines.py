@@ -381,6 +381,26 @@ def _argmax_verify(drafts, draft_probs, target_probs, generator):
     return accepted, best.gather(1, accepted.unsqueeze(1)).squeeze(1)
 
 
+def _point_residual_verify(drafts, draft_probs, target_probs, generator):
+    """xLLM #2175's residual: accept as the rule does, but after a rejection of x sample from p with only
+    p(x) lowered by q(x), not from max(p - q, 0) over the whole vocabulary."""
+    batch, k = drafts.shape
+    p_drafted = target_probs[:, :k].gather(2, drafts.unsqueeze(2)).squeeze(2)
+    q_drafted = draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2)
+    uniforms = torch.rand(batch, k, generator=generator)
+    accepted = (uniforms * q_drafted < p_drafted).long().cumprod(1).sum(1)
+    rows = torch.arange(batch)
+    at = accepted.clamp(max=k - 1)
+    residual = target_probs[rows, accepted].clone()
+    rejected = accepted < k
+    drafted = drafts[rows, at]
+    lowered = (residual[rows, drafted] - q_drafted[rows, at]).clamp(min=0)
+    residual[rows[rejected], drafted[rejected]] = lowered[rejected]
+    residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, target_probs[rows, accepted])
+    final = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    return accepted, final
+
+
 @torch.no_grad()
 def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n, *, gamma: int = 2,
                      bug: Optional[str] = None) -> torch.Tensor:
@@ -435,8 +455,9 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
             plain = dataclasses.replace(target_config, temperature=1, top_k=None, top_p=None)
             target_probs[:, :k] = torch.stack([processed_probs(logits[:, i], plain, seen_t, ends_t + i, start)
                                                for i in range(k)], 1)
-        if bug == "argmax_verify":
-            accepted, final = _argmax_verify(drafts, draft_probs, target_probs, generator)
+        if bug in ("argmax_verify", "point_residual"):
+            verify = _argmax_verify if bug == "argmax_verify" else _point_residual_verify
+            accepted, final = verify(drafts, draft_probs, target_probs, generator)
             emitted = torch.cat([drafts, torch.zeros(n, 1, dtype=torch.long)], 1)
             emitted[torch.arange(n), accepted] = final
         else:

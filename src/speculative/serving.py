@@ -1,7 +1,7 @@
 """What serving adds, exactly: sampling settings as serving engines apply them, a battery of cases that any
 engine loads from disk, and the axes a server adds to a generate() call.
 
-Explained in: notebooks/12_audit_engine (section "Audit your serving engine").
+Explained in: notebooks/13_audit_serving.
 
 - **Settings** (:class:`ServingConfig`): temperature, top-k and top-p, plus the fields an OpenAI-compatible
   request carries: ``min_p``, presence, frequency and repetition penalties and ``logit_bias``. They are
@@ -18,7 +18,8 @@ Explained in: notebooks/12_audit_engine (section "Audit your serving engine").
   ids; no tokenizer exists. The exact law is computed from the folders as loaded (:mod:`engines`).
 - **Independence across requests** (:func:`paired`): a case whose outcome is the tokens of two requests
   decoded side by side; its exact law is the product of the single-request law. An engine that shares a
-  random stream between concurrent requests keeps every marginal and fails only this.
+  random stream between side-by-side requests keeps each request's marginal law; the pair's law shows
+  the dependence directly.
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def serving_logits(logits: torch.Tensor, config: ServingConfig, tokens: torch.Te
     if config.logit_bias:
         bias = torch.zeros(vocab)
         for token, value in config.logit_bias:
-            if token < vocab:
-                bias[token] += value
+            if token >= vocab:
+                raise ValueError(f"logit_bias names token {token}, outside the vocabulary of {vocab}")
+            bias[token] += value
         x = x + bias
     if not config.penalised:
         return x
@@ -311,8 +313,8 @@ class PairedCase(EngineCase):
         return self._law[0], self._law[1]
 
     def run(self, engine, generator: torch.Generator, n: int):
-        tokens = torch.as_tensor(engine(self.target, self.draft, list(self.prompt), self.base.length, self.config,
-                                        generator, 2 * n))
+        result = engine(self.target, self.draft, list(self.prompt), self.base.length, self.config, generator, 2 * n)
+        tokens = torch.as_tensor(getattr(result, "tokens", result))
         if tuple(tokens.shape) != (2 * n, self.base.length):
             raise ValueError(f"returned shape {tuple(tokens.shape)} for {2 * n} requests, expected "
                              f"({2 * n}, {self.base.length})")
@@ -331,7 +333,7 @@ _T1, _TOPK, _TOPP, _PENALTIES, _BIAS = SERVING_CASES
 #: cases each runs on (``"paired"``: the first case's two requests side by side).
 SERVING_GALLERY = [
     EngineEntry("reference", "the reference engine", True, "a correct engine: both contexts are the emitted tokens",
-                needs=tuple(SERVING_CASES) + ("paired",)),
+                needs=(_PENALTIES, _BIAS, "paired")),
     EngineEntry("settings_not_expanded", "settings not expanded to the drafted positions", False,
                 "verifies the drafted positions at temperature 1 with no top-k or top-p; only the last position "
                 "gets the request's settings (vLLM 0.32.0 on CPU reads them from memory it never wrote)",
@@ -340,7 +342,7 @@ SERVING_GALLERY = [
     EngineEntry("shared_stream", "side-by-side requests share one random stream", False,
                 "two requests decoded side by side draw the same uniforms, so they emit the same tokens; each "
                 "request alone keeps the law", "tensorrtllm19487",
-                "https://github.com/NVIDIA/TensorRT-LLM/issues/19487", "shared_stream", needs=(_T1, "paired")),
+                "https://github.com/NVIDIA/TensorRT-LLM/issues/19487", "shared_stream", needs=("paired",)),
     EngineEntry("penalty_per_step", "penalties updated once per block", False,
                 "applies presence, frequency and repetition penalties from the output as it stood when the block "
                 "began, so a drafted position does not see the drafts before it",
@@ -350,6 +352,10 @@ SERVING_GALLERY = [
                 "decodes, drafts and verifies as if the request carried no logit_bias",
                 "vllm38202", "https://github.com/vllm-project/vllm/issues/38202", "logit_bias_ignored",
                 needs=(_BIAS,)),
+    EngineEntry("point_residual", "a residual lowered at the drafted token only", False,
+                "after a rejection of x, samples from p with only p(x) lowered by q(x), instead of from "
+                "max(p - q, 0) over the whole vocabulary", "xllm2175", "https://github.com/xLLM-AI/xllm/pull/2175",
+                "point_residual", needs=(_T1, _TOPK)),
     EngineEntry("deterministic_draft", "a deterministic draft", True,
                 "proposes the draft's arg-max and hands the rule that one-hot q, as n-gram and greedy draft heads "
                 "do: fewer acceptances, the same law (the class of vLLM #40149, read as a bias)",

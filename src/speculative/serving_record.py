@@ -1,6 +1,6 @@
 """Serving audit records (``results/audits/engine_*.json``) analysed again, from their counts alone.
 
-Explained in: notebooks/12_audit_engine (section "Audit your serving engine").
+Explained in: notebooks/13_audit_serving.
 
 A serving record (written by ``python -m speculative audit-engine vllm|openai --record FILE --run NAME``)
 keeps, for every case of every configuration, the exact law the case was tested against and the counts
@@ -10,6 +10,7 @@ each verdict from those, with no engine and no model, so a record can be checked
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from . import stats
@@ -21,9 +22,17 @@ VERDICTS = {
     "pass": "the counts fit the exact law",
     "law": "the counts do not fit the exact law",
     "ruled out": "the engine emitted sequences the exact law rules out",
-    "refused": "the engine refused the request or would not start, in one line",
-    "crashed": "the engine raised during the case",
+    "refused": "the engine refused the request, would not start, or did not answer, in one line",
+    "malformed": "the engine answered, but not n rows of k token ids in the vocabulary",
+    "crashed": "the engine raised during the case or ran past its time limit",
 }
+_REFUSED = ("vLLM refused", "the server exited", "the server did not answer", "no answer from",
+            "the server answered HTTP", "lists no model")
+_MALFORMED = ("returned", "emitted [", "asked for", "answered text")
+
+
+#: Errors by which an engine says no to a request or a configuration, rather than failing inside it.
+_REFUSALS = ("VLLMValidationError", "ValueError", "ImportError", "NotImplementedError")
 
 
 def verdict(detail: str, passed: bool, impossible: int) -> str:
@@ -32,8 +41,13 @@ def verdict(detail: str, passed: bool, impossible: int) -> str:
         return "pass"
     if impossible:
         return "ruled out"
-    if "refused" in detail or detail.startswith("no answer") or "answered" in detail:
+    error = re.search(r"\b(\w+(?:Error|Exception)): ", detail)
+    if error and error.group(1) not in _REFUSALS:
+        return "crashed"
+    if any(text in detail for text in _REFUSED):
         return "refused"
+    if any(detail.startswith(text) or text in detail for text in _MALFORMED) and "law rejected" not in detail:
+        return "malformed"
     if detail.startswith("raised") or "ran past" in detail:
         return "crashed"
     return "law"

@@ -1,6 +1,6 @@
 """A vLLM plugin that corrects how vLLM 0.32's CPU build expands per-request settings to drafted positions.
 
-Explained in: notebooks/12_audit_engine (section "Audit your serving engine"); upstream: vLLM issue #55005
+Explained in: notebooks/13_audit_serving; upstream: vLLM issue #55005
 (open), the same fault as the closed PR #42638.
 
 Under speculative decoding, vLLM's rejection sampler copies each request's temperature, top-k and top-p to
