@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import http.client
 import json
 import os
 import shlex
@@ -168,6 +169,8 @@ def _post(url: str, body: dict, timeout: float) -> dict:
     except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as error:
         reason = getattr(error, "reason", error)
         raise ValueError(f"no answer from {url}: {reason}") from None
+    except http.client.HTTPException as error:  # the connection closed in the middle of an answer
+        raise ValueError(f"no answer from {url}: the connection closed mid-answer ({type(error).__name__})") from None
     except json.JSONDecodeError:
         raise ValueError(f"{url} answered something that is not JSON") from None
 

@@ -39,7 +39,16 @@ import numpy as np
 import torch
 
 from .model import GPT, GPTConfig
-from .transforms import PenalizedConfig, SamplingConfig, logits_to_probs, penalized_logits
+from .transforms import (
+    PenalizedConfig,
+    SamplingConfig,
+    ServingConfig,
+    logits_to_probs,
+    min_p_margin,
+    penalized_logits,
+    serving_logits,
+    serving_probs,
+)
 
 __all__ = ["EngineCase", "EngineEntry", "engine_battery", "tiny_model", "nudged_copy", "processed_probs",
            "library_engine", "reference_engine", "hf_engine", "HF_CONFIGURATIONS", "GALLERY", "check_tokens",
@@ -92,8 +101,6 @@ def processed_probs(logits: torch.Tensor, config: SamplingConfig, tokens: Option
     :class:`PenalizedConfig` (over each row's context, ``tokens[b, :lengths[b]]``), then
     :func:`transforms.logits_to_probs`; a :class:`serving.ServingConfig` is applied as a server applies it
     (:func:`serving.serving_probs`, whose penalties need the ``prompt_length``)."""
-    from .serving import ServingConfig, serving_probs
-
     if isinstance(config, ServingConfig):
         return serving_probs(logits, config, tokens, lengths, prompt_length)
     penalty = getattr(config, "repetition_penalty", 1)
@@ -124,8 +131,6 @@ def _support_margin(logits: torch.Tensor, config: SamplingConfig, kept: torch.Te
 def _margin(logits, config, kept, tokens, lengths, prompt_length) -> float:
     """:func:`_support_margin` of the logits a config truncates: after a serving config's bias and
     penalties, and with its min-p margin too."""
-    from .serving import ServingConfig, min_p_margin, serving_logits
-
     if not isinstance(config, ServingConfig):
         return _support_margin(logits, config, kept)
     x = serving_logits(logits, config, tokens, lengths, prompt_length)

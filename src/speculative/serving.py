@@ -3,13 +3,13 @@ engine loads from disk, and the axes a server adds to a generate() call.
 
 Explained in: notebooks/13_audit_serving.
 
-- **Settings** (:class:`ServingConfig`): temperature, top-k and top-p, plus the fields an OpenAI-compatible
-  request carries: ``min_p``, presence, frequency and repetition penalties and ``logit_bias``. They are
-  applied in vLLM's order (``vllm/v1/sample/sampler.py``): the bias is added to the logits; then the
-  repetition penalty over the prompt and the output so far (a positive logit divided by it, a negative one
-  multiplied), the frequency penalty times each token's count in the output and the presence penalty once
-  per token present in the output; then the temperature; then ``min_p`` (a token is dropped when its
-  probability is below ``min_p`` times the largest); then top-k and top-p (:mod:`transforms`).
+- **Settings** (:class:`transforms.ServingConfig`, re-exported here): temperature, top-k and top-p, plus the
+  fields an OpenAI-compatible request carries: ``min_p``, presence, frequency and repetition penalties and
+  ``logit_bias``. They are applied in vLLM's order (``vllm/v1/sample/sampler.py``): the bias is added to the
+  logits; then the repetition penalty over the prompt and the output so far (a positive logit divided by it,
+  a negative one multiplied), the frequency penalty times each token's count in the output and the presence
+  penalty once per token present in the output; then the temperature; then ``min_p`` (a token is dropped
+  when its probability is below ``min_p`` times the largest); then top-k and top-p (:mod:`transforms`).
   Penalties depend on the output *so far*: under speculation, each drafted position must see the drafts
   before it, which is the axis SGLang #33643 got wrong.
 - **The battery** (:func:`serving_battery`): every case's target and draft are Llama checkpoints with a
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from .engines import CONTEXT, EngineCase, EngineEntry
-from .transforms import SamplingConfig, logits_to_probs
+from .transforms import ServingConfig, as_serving, min_p_margin, serving_logits, serving_probs  # noqa: F401
 
 __all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "save_folder", "load_folder",
            "serving_battery", "PairedCase", "paired", "SERVING_TV", "HEAD_SIZE", "SERVING_GALLERY",
@@ -44,118 +43,6 @@ __all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "s
 SERVING_TV = 0.03
 #: The head size of every battery model: vLLM's CPU attention refuses less than 32.
 HEAD_SIZE = 32
-
-
-def _number(value, name: str, low: float, high: float = float("inf"), closed_low: bool = True) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value == value
-    ok = ok and (low <= value if closed_low else low < value) and value < high
-    if not ok:
-        raise ValueError(f"{name} must be a number in {'[' if closed_low else '('}{low:g}, {high:g}), got {value!r}")
-
-
-@dataclass(frozen=True)
-class ServingConfig(SamplingConfig):
-    """A :class:`transforms.SamplingConfig` with the sampling fields of an OpenAI-compatible request."""
-
-    min_p: float = 0.0  # drop tokens whose probability is below min_p times the largest; 0: off
-    presence_penalty: float = 0.0  # subtracted once from each token already in the output
-    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
-    repetition_penalty: float = 1.0  # over prompt and output: positive logits divided, negative multiplied
-    logit_bias: tuple = ()  # ((token id, bias), ...), added to the logits first
-
-    def __post_init__(self):
-        super().__post_init__()
-        _number(self.min_p, "min_p", 0, 1)
-        _number(self.presence_penalty, "presence_penalty", -2, 2.000001)
-        _number(self.frequency_penalty, "frequency_penalty", -2, 2.000001)
-        _number(self.repetition_penalty, "repetition_penalty", 0, closed_low=False)
-        for pair in self.logit_bias:
-            if (not isinstance(pair, tuple) or len(pair) != 2 or isinstance(pair[0], bool)
-                    or not isinstance(pair[0], int) or pair[0] < 0):
-                raise ValueError(f"logit_bias must hold (token id >= 0, bias) pairs, got {pair!r}")
-            _number(pair[1], "a logit bias", -100, 100.000001)
-
-    @property
-    def penalised(self) -> bool:
-        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0, 0, 1)
-
-    def describe(self) -> str:
-        bits = [super().describe()]
-        names = [("min_p", "min-p"), ("presence_penalty", "presence"), ("frequency_penalty", "frequency")]
-        bits += [f"{label} {getattr(self, key):g}" for key, label in names if getattr(self, key)]
-        if self.repetition_penalty != 1:
-            bits.append(f"repetition {self.repetition_penalty:g}")
-        if self.logit_bias:
-            bits.append("logit_bias " + ",".join(f"{t}:{b:+g}" for t, b in self.logit_bias))
-        return ", ".join(bits)
-
-    def request_fields(self) -> dict:
-        """The fields of an OpenAI-compatible request (and of vLLM's ``SamplingParams``) for this config."""
-        fields = {"temperature": float(self.temperature), "top_p": float(self.top_p or 1.0),
-                  "top_k": int(self.top_k or -1), "min_p": float(self.min_p),
-                  "presence_penalty": float(self.presence_penalty),
-                  "frequency_penalty": float(self.frequency_penalty),
-                  "repetition_penalty": float(self.repetition_penalty)}
-        if self.logit_bias:
-            fields["logit_bias"] = {int(t): float(b) for t, b in self.logit_bias}
-        return fields
-
-
-def as_serving(config: SamplingConfig) -> ServingConfig:
-    """``config`` as a :class:`ServingConfig` (a plain config has no penalty, bias or min_p)."""
-    if isinstance(config, ServingConfig):
-        return config
-    extra = {"repetition_penalty": float(config.repetition_penalty)} if hasattr(config, "repetition_penalty") else {}
-    return ServingConfig(config.temperature, config.top_k, config.top_p, **extra)
-
-
-def serving_logits(logits: torch.Tensor, config: ServingConfig, tokens: torch.Tensor, lengths: torch.Tensor,
-                   prompt_length: int) -> torch.Tensor:
-    """Return ``logits`` (B, V) after the bias and the penalties, for rows whose context is
-    ``tokens[b, :lengths[b]]`` and whose first ``prompt_length`` tokens are the prompt."""
-    x = logits.float()
-    vocab = x.shape[-1]
-    if config.logit_bias:
-        bias = torch.zeros(vocab)
-        for token, value in config.logit_bias:
-            if token >= vocab:
-                raise ValueError(f"logit_bias names token {token}, outside the vocabulary of {vocab}")
-            bias[token] += value
-        x = x + bias
-    if not config.penalised:
-        return x
-    positions = torch.arange(tokens.shape[1])
-    valid = positions < lengths.unsqueeze(1)
-    output = valid & (positions >= prompt_length)
-    safe = torch.where(valid, tokens, 0)
-    counts = torch.zeros(len(x), vocab).scatter_add_(1, safe, output.float())
-    seen = torch.zeros(len(x), vocab).scatter_add_(1, safe, valid.float()) > 0
-    if config.repetition_penalty != 1:
-        penalty = float(config.repetition_penalty)
-        x = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
-    return x - config.frequency_penalty * counts - config.presence_penalty * (counts > 0).float()
-
-
-def serving_probs(logits: torch.Tensor, config: ServingConfig, tokens: torch.Tensor, lengths: torch.Tensor,
-                  prompt_length: int) -> torch.Tensor:
-    """The distribution sampled from (B, V), in vLLM's order (see the module docstring)."""
-    x = serving_logits(logits, config, tokens, lengths, prompt_length)
-    if config.greedy:
-        return logits_to_probs(x, SamplingConfig(0), check=False)
-    x = x / float(config.temperature)
-    if config.min_p > 0:
-        probs = torch.softmax(x, -1)
-        x = x.masked_fill(probs < config.min_p * probs.amax(-1, keepdim=True), float("-inf"))
-    return logits_to_probs(x, SamplingConfig(1.0, config.top_k, config.top_p), check=False)
-
-
-def min_p_margin(logits: torch.Tensor, config: ServingConfig) -> float:
-    """How far every token's probability is from min_p times the largest (relative), over rows (B, V)."""
-    if not config.min_p or config.greedy:
-        return float("inf")
-    probs = torch.softmax(logits.float() / float(config.temperature), -1)
-    ratio = probs / probs.amax(-1, keepdim=True)
-    return float((ratio - config.min_p).abs().min())
 
 
 # --------------------------------------------------------------------------- the battery, on disk
