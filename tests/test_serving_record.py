@@ -11,7 +11,7 @@ import pytest
 from speculative.serving_record import reanalyse
 
 RECORD = Path(__file__).resolve().parents[1] / "results" / "audits" / "engine_vllm_cpu.json"
-SPECULATIVE = ("draft_model", "draft_model_probs", "ngram", "block")
+SPECULATIVE = ("draft_model", "draft_model_probs", "ngram", "block", "eagle")
 NOT_ON_CPU = ("not yet supported with speculative decoding", "Arctic Inference is required")
 
 
@@ -58,7 +58,7 @@ def test_the_reproduction_shows_the_shipped_function_writes_nothing(record):
     assert reproduction["corrected"] == reproduction["expected"]
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle"])
 def test_vllm_as_shipped_fails_the_law(rows, method):
     shipped = _rows(rows, "shipped", method)
     assert any(r["verdict"] in ("law", "ruled out") for r in shipped)

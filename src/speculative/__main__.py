@@ -191,7 +191,8 @@ def _add_audit_engine(commands, formatter) -> None:
     serving.add_argument("--method", action="append", default=None, metavar="NAME",
                          help="vllm: a speculative method of doors.VLLM_METHODS (repeatable; default draft_model)")
     serving.add_argument("--speculative-config", default=None, metavar="JSON",
-                         help="vllm: vLLM's speculative_config as JSON ({draft} is the case's draft folder)")
+                         help="vllm: vLLM's speculative_config as JSON ({draft} is the case's draft folder, "
+                              "{eagle} its EAGLE head)")
     serving.add_argument("--axis", action="append", default=None, metavar="NAME",
                          help="the serving axes to audit, of doors.AXES: plain, mixed, paired, seeded "
                          "(repeatable; default plain)")

@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 from typing import Callable, Iterator, Optional
@@ -49,7 +50,8 @@ START_TIMEOUT = 120.0
 #: top-k in the same batch); only the case's rows are audited.
 COMPANION = {"temperature": 0.5, "top_k": 2}
 
-#: vLLM speculative configs by name; ``{draft}`` is replaced by the case's draft folder.
+#: vLLM speculative configs by name; ``{draft}`` is replaced by the case's draft folder and ``{eagle}`` by its
+#: EAGLE head's (:func:`serving.save_eagle_head`).
 VLLM_METHODS = {
     "none": None,
     "draft_model": {"method": "draft_model", "model": "{draft}", "num_speculative_tokens": 3},
@@ -57,6 +59,7 @@ VLLM_METHODS = {
                           "draft_sample_method": "probabilistic"},
     "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
     "suffix": {"method": "suffix", "num_speculative_tokens": 3},
+    "eagle": {"method": "eagle", "model": "{eagle}", "num_speculative_tokens": 2},
     "block": {"method": "draft_model", "model": "{draft}", "num_speculative_tokens": 3,
               "rejection_sample_method": "block"},
 }
@@ -64,7 +67,7 @@ VLLM_METHODS = {
 
 def _fill(value, draft: str):
     if isinstance(value, str):
-        return value.replace("{draft}", draft)
+        return value.replace("{draft}", draft).replace("{eagle}", str(Path(draft).parent / "eagle"))
     if isinstance(value, dict):
         return {key: _fill(item, draft) for key, item in value.items()}
     return value
@@ -79,8 +82,8 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
                 name: str = "", **llm_options) -> Callable:
     """vLLM's offline ``LLM`` in the ``"models"`` convention.
 
-    ``speculative_config`` is vLLM's (``{draft}`` stands for the case's draft folder), or ``None`` for
-    plain decoding. ``mixed=True`` interleaves every row with a row at :data:`COMPANION`'s settings in
+    ``speculative_config`` is vLLM's (``{draft}`` stands for the case's draft folder, ``{eagle}`` for its
+    EAGLE head), or ``None`` for plain decoding. ``mixed=True`` interleaves every row with a row at :data:`COMPANION`'s settings in
     the same ``generate()`` call; ``seeded=True`` gives every request its own seed drawn from the
     audit's generator. ``llm_options`` go to ``vllm.LLM`` (defaults: float32, eager, no tokenizer,
     context 64). An ``LLM`` is built per pair of folders and freed when the next pair comes.

@@ -406,6 +406,30 @@ def _point_residual_verify(drafts, draft_probs, target_probs, generator):
     return accepted, final
 
 
+def _hybrid_block_verify(drafts, draft_probs, target_probs, generator):
+    """vLLM-Ascend #7807's mix of the two rules: every drafted position is kept or not by the token-wise
+    test min(1, p/q) on its own, the block is cut after the last kept one (earlier rejections
+    notwithstanding), and the token after the cut comes from the token-wise residual max(p - q, 0)."""
+    batch, k = drafts.shape
+    p_drafted = target_probs[:, :k].gather(2, drafts.unsqueeze(2)).squeeze(2)
+    q_drafted = draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2)
+    kept = torch.rand(batch, k, generator=generator) * q_drafted < p_drafted
+    accepted = (kept.long() * torch.arange(1, k + 1)).amax(1)
+    rows = torch.arange(batch)
+    residual = target_probs[rows, accepted].clone()
+    cut = accepted < k
+    residual[cut] = (residual[cut] - draft_probs[rows[cut], accepted[cut]]).clamp(min=0)
+    residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, target_probs[rows, accepted])
+    final = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    return accepted, final
+
+
+def bf16_probs(logits: torch.Tensor, config, tokens=None, lengths=None, prompt_length: int = 0) -> torch.Tensor:
+    """The draft distribution DeepSpec #31 sampled from: :func:`processed_probs` of the logits rounded to
+    bfloat16 (the model's native dtype there), while the rule was handed the float32 one."""
+    return processed_probs(logits.to(torch.bfloat16).float(), config, tokens, lengths, prompt_length)
+
+
 @torch.no_grad()
 def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n, *, gamma: int = 2,
                      bug: Optional[str] = None) -> torch.Tensor:
@@ -447,7 +471,10 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
         for j in range(k):
             logits = draft_forward(seen_d, ends_d + j)[:, 0]
             q = processed_probs(logits, draft_config, seen_d, ends_d + j * (not block_start), start)
-            drafts[:, j] = torch.multinomial(q, 1, generator=generator).squeeze(1)
+            sampled = q
+            if bug == "bf16_draft":  # DeepSpec #31: drawn from bfloat16 logits, judged with the float32 q
+                sampled = bf16_probs(logits, draft_config, seen_d, ends_d + j, start)
+            drafts[:, j] = torch.multinomial(sampled, 1, generator=generator).squeeze(1)
             draft_probs[:, j] = q
             raw_probs[:, j] = torch.softmax(logits.float() / float(draft_config.temperature or 1), -1)
             seen_d[torch.arange(n), ends_d + j] = drafts[:, j]
@@ -460,8 +487,9 @@ def reference_engine(target, draft, prompt, max_new_tokens, config, generator, n
             plain = dataclasses.replace(target_config, temperature=1, top_k=None, top_p=None)
             target_probs[:, :k] = torch.stack([processed_probs(logits[:, i], plain, seen_t, ends_t + i, start)
                                                for i in range(k)], 1)
-        if bug in ("argmax_verify", "point_residual"):
-            verify = _argmax_verify if bug == "argmax_verify" else _point_residual_verify
+        if bug in ("argmax_verify", "point_residual", "block_hybrid"):
+            verify = {"argmax_verify": _argmax_verify, "point_residual": _point_residual_verify,
+                      "block_hybrid": _hybrid_block_verify}[bug]
             accepted, final = verify(drafts, draft_probs, target_probs, generator)
             emitted = torch.cat([drafts, torch.zeros(n, 1, dtype=torch.long)], 1)
             emitted[torch.arange(n), accepted] = final

@@ -20,6 +20,13 @@ Explained in: notebooks/13_audit_serving.
   decoded side by side; its exact law is the product of the single-request law. An engine that shares a
   random stream between side-by-side requests keeps each request's marginal law; the pair's law shows
   the dependence directly.
+- **The serving gallery** (:data:`SERVING_GALLERY`): the reference engine with each bug class serving
+  adds. A wrong engine's power comes from its exact law where :func:`wrong_law` enumerates it (a bug that
+  changes one drafted position's rule, :func:`positional_law`; a shared stream; a dropped bias), else
+  from a sample.
+- **Seeds** (:data:`SEED_GALLERY`, :func:`seed_checks`): what a seed promises beyond the law (a repeat,
+  a request alone as in a batch, speculation off as on), checked on a correct seeded engine
+  (:func:`keyed_engine`) and on two faults that keep the law.
 """
 
 from __future__ import annotations
@@ -27,17 +34,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from .engines import CONTEXT, EngineCase, EngineEntry
+from .engines import CONTEXT, EngineCase, EngineEntry, _Forwards, _write, bf16_probs, processed_probs
 from .transforms import ServingConfig, as_serving, min_p_margin, serving_logits, serving_probs  # noqa: F401
 
 __all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "save_folder", "load_folder",
            "serving_battery", "PairedCase", "paired", "SERVING_TV", "HEAD_SIZE", "SERVING_GALLERY",
-           "serving_gallery", "SERVING_CASES"]
+           "serving_gallery", "SERVING_CASES", "offset_draft", "offset_case", "BF16_OFFSET", "positional_law",
+           "wrong_law", "keyed_uniforms", "inverse_cdf", "keyed_engine", "SeedEntry", "SEED_GALLERY", "SEED_CHECKS",
+           "seed_checks", "seed_check_power", "seed_gallery"]
 
 #: The total variation distance each serving case's sample is sized to detect at power 0.99.
 SERVING_TV = 0.03
@@ -83,11 +92,52 @@ def nudged_llama(model, noise: float, seed: int):
     return out.eval()
 
 
+def offset_draft(draft, offset: float = 64.0, probe_seed: int = 0):
+    """A copy of ``draft`` (a wrapped Llama, :func:`load_folder`) whose next-token logits all carry a common
+    offset of about ``offset`` in every context. Each row of the output layer gains the same vector, along
+    the mean of the last hidden state over random contexts; a common offset leaves a float32 softmax
+    (almost) where it was, and the copy's law is computed from the copy anyway. What it changes is how
+    coarsely bfloat16 rounds the logits: its spacing is 2^-8 of their size."""
+    import copy
+
+    from .hf import wrap
+
+    inner = copy.deepcopy(draft.model)
+    vocab = draft.config.vocab_size
+    probe = torch.randint(vocab, (256, 12), generator=torch.Generator().manual_seed(probe_seed))
+    with torch.no_grad():
+        hidden = inner.model(probe).last_hidden_state.reshape(-1, inner.config.hidden_size)
+        direction = hidden.mean(0)
+        inner.lm_head.weight.add_(offset * direction / float(direction @ direction))
+    return wrap(inner.eval(), name=f"{draft.config.name}, logits offset by {offset:g}")
+
+
 def save_folder(model, folder: Path) -> Path:
     """Save ``model`` as a Hugging Face folder (``config.json``, ``model.safetensors``); return it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def save_eagle_head(target, folder: Path, seed: int) -> Path:
+    """Save an untrained EAGLE head for ``target`` (a transformers Llama) in the layout vLLM's
+    ``EagleLlamaForCausalLM`` loads (``method: "eagle"``): ``fc`` maps the token's embedding and the
+    target's last hidden state to one decoder layer without its input norm, and the head shares the
+    target's embedding and output layer. Its weights are random (a nudged copy of the target's layer), so
+    it proposes poorly; the law an engine must keep does not depend on the draft."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layer = nudged_llama(target, 1.0, seed).state_dict()
+    generator = torch.Generator().manual_seed(seed)
+    hidden = target.config.hidden_size
+    weights = {"fc.weight": torch.randn(hidden, 2 * hidden, generator=generator) * 0.1}
+    weights.update({name[len("model."):]: value.contiguous() for name, value in layer.items()
+                    if name.startswith("model.layers.0.") and "input_layernorm" not in name})
+    save_file(weights, str(folder / "model.safetensors"))
+    target.config.to_json_file(str(folder / "config.json"))
     return folder
 
 
@@ -124,8 +174,9 @@ def _prompt(vocab: int, length: int, seed: int) -> list:
 
 
 def write_battery(root: Path) -> Path:
-    """Write every case's target and draft folder under ``root`` (``<case>/target``, ``<case>/draft``) and
-    ``battery.json`` (prompts, settings, k); deterministic for a given torch and transformers."""
+    """Write every case's target and draft folder under ``root`` (``<case>/target``, ``<case>/draft``), an
+    EAGLE head for its target (``<case>/eagle``, :func:`save_eagle_head`) and ``battery.json`` (prompts,
+    settings, k); deterministic for a given torch and transformers."""
     from .hf import _quiet
 
     root = Path(root)
@@ -135,6 +186,7 @@ def write_battery(root: Path) -> Path:
         with _quiet():
             save_folder(target, root / f"case{number}" / "target")
             save_folder(nudged_llama(target, noise, seed + 100), root / f"case{number}" / "draft")
+            save_eagle_head(target, root / f"case{number}" / "eagle", seed + 200)
         index.append({"name": name, "folder": f"case{number}", "prompt": _prompt(vocab, prompt_length, seed),
                       "length": k, "config": dataclasses.asdict(config)})
     (root / "battery.json").write_text(json.dumps(index, indent=1))
@@ -243,6 +295,15 @@ SERVING_GALLERY = [
                 "after a rejection of x, samples from p with only p(x) lowered by q(x), instead of from "
                 "max(p - q, 0) over the whole vocabulary", "xllm2175", "https://github.com/xLLM-AI/xllm/pull/2175",
                 "point_residual", needs=(_T1, _TOPK)),
+    EngineEntry("bf16_draft", "drafts drawn from bfloat16 logits", False,
+                "draws each draft from the softmax of its logits rounded to bfloat16 and hands the rule the "
+                "float32 q; it shows on a draft whose logits sit far from zero (:func:`offset_draft`)",
+                "deepspec31", "https://github.com/deepseek-ai/DeepSpec/issues/31", "bf16_draft",
+                needs=("offset",)),
+    EngineEntry("block_hybrid", "block verification with the token-wise residual", False,
+                "keeps each drafted position by the token-wise test on its own, cuts the block after the last "
+                "kept one and draws the next token from max(p - q, 0)", "vllmascend7807",
+                "https://github.com/vllm-project/vllm-ascend/issues/7807", "block_hybrid", needs=(_T1, _TOPK)),
     EngineEntry("deterministic_draft", "a deterministic draft", True,
                 "proposes the draft's arg-max and hands the rule that one-hot q, as n-gram and greedy draft heads "
                 "do: fewer acceptances, the same law (the class of vLLM #40149, read as a bias)",
@@ -251,15 +312,109 @@ SERVING_GALLERY = [
 ]
 
 
+#: The common logit offset of the draft in the case that shows bfloat16 drafts (:func:`offset_draft`).
+BF16_OFFSET = 64.0
+
+
+def offset_case(case: EngineCase, offset: float = BF16_OFFSET) -> EngineCase:
+    """``case`` with its draft's logits offset by ``offset`` (:func:`offset_draft`)."""
+    return EngineCase(f"{case.name}, draft logits near {offset:g}", case.target, offset_draft(case.draft, offset),
+                      case.prompt, case.config, case.length, case.tv)
+
+
 def _entry_cases(entry: EngineEntry, cases: list) -> list:
     by_name = {case.name: case for case in cases}
-    return [paired(by_name[_T1]) if name == "paired" else by_name[name] for name in entry.needs]
+    made = {"paired": lambda: paired(by_name[_T1]), "offset": lambda: offset_case(by_name[_T1])}
+    return [made[name]() if name in made else by_name[name] for name in entry.needs]
+
+
+# --------------------------------------------------------------------------- wrong laws, enumerated
+
+
+def _rule_step(p, q_sampled, q_judged):
+    """One drafted position of a token-wise rule handed q_judged while the draft was drawn from
+    q_sampled: (the chance of each token as the accepted draft, as the correction)."""
+    accept = torch.where(q_judged > 0, torch.clamp(p / q_judged.clamp(min=1e-300), max=1), 0)
+    accepted = q_sampled * accept
+    residual = torch.clamp(p - q_judged, min=0)
+    total = residual.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp(min=1e-300), p)
+    return accepted, (1 - accepted.sum(-1, keepdim=True)).clamp(min=0) * residual
+
+
+def _point_step(p, q):
+    """xLLM #2175's residual, per drafted position: after a rejection of x, p with only p(x) lowered by q(x)."""
+    accept = torch.where(q > 0, torch.clamp(p / q.clamp(min=1e-300), max=1), 0)
+    corrected = torch.zeros_like(p)
+    for x in range(p.shape[-1]):
+        lowered = p.clone()
+        lowered[:, x] = (p[:, x] - q[:, x]).clamp(min=0)
+        total = lowered.sum(-1, keepdim=True)
+        lowered = torch.where(total > 0, lowered / total.clamp(min=1e-300), p)
+        corrected += (q[:, x] * (1 - accept[:, x]))[:, None] * lowered
+    return q * accept, corrected
+
+
+def _step(bug: Optional[str], case: EngineCase, target_logits, draft_logits, tokens, lengths):
+    """The (accepted, corrected) laws of one drafted position of the reference engine with ``bug``."""
+    config, start = case.config, len(case.prompt)
+    p = processed_probs(target_logits, config, tokens, lengths, start).double()
+    q = processed_probs(draft_logits, config, tokens, lengths, start).double()
+    if bug == "bf16_draft":
+        return _rule_step(p, bf16_probs(draft_logits, config, tokens, lengths, start).double(), q)
+    if bug == "settings_not_expanded":
+        plain = dataclasses.replace(config, temperature=1, top_k=None, top_p=None)
+        return _rule_step(processed_probs(target_logits, plain, tokens, lengths, start).double(), q, q)
+    if bug == "point_residual":
+        return _point_step(p, q)
+    return _rule_step(p, q, q)
+
+
+#: The bugs whose law :func:`positional_law` enumerates: each changes one drafted position's rule only.
+POSITIONAL_BUGS = (None, "bf16_draft", "settings_not_expanded", "point_residual")
+
+
+@torch.no_grad()
+def positional_law(case: EngineCase, bug: Optional[str] = None, gamma: int = 2) -> dict:
+    """The exact law ({code: probability}) of the first k tokens the reference engine emits on ``case``
+    with ``bug`` (one of :data:`POSITIONAL_BUGS`; None is the correct rule), at ``gamma`` drafts a block.
+
+    Every drafted position j < gamma emits its token as the accepted draft or as the correction, with
+    chances that depend on the context only (:func:`_step`); the token after gamma accepted drafts is the
+    target's. So the state that matters is the context and j, and the law follows by carrying each
+    prefix's weight on every j forward, one token at a time."""
+    if bug not in POSITIONAL_BUGS:
+        raise ValueError(f"positional_law enumerates {POSITIONAL_BUGS}, not {bug!r}")
+    prompt = list(case.prompt)
+    frontier = {(): {0: 1.0}}
+    for _ in range(case.length):
+        prefixes = list(frontier)
+        tokens = torch.tensor([prompt + list(prefix) for prefix in prefixes])
+        lengths = torch.full((len(tokens),), tokens.shape[1])
+        target_logits, draft_logits = case.target(tokens)[:, -1], case.draft(tokens)[:, -1]
+        p = processed_probs(target_logits, case.config, tokens, lengths, len(prompt)).double().numpy()
+        accepted, corrected = (a.numpy() for a in _step(bug, case, target_logits, draft_logits, tokens, lengths))
+        following = {}
+        for i, prefix in enumerate(prefixes):
+            for j, weight in frontier[prefix].items():
+                moves = [(p[i], 0)] if j == gamma else [(accepted[i], j + 1), (corrected[i], 0)]
+                for law, state in moves:
+                    for x in np.flatnonzero(law > 0):
+                        states = following.setdefault(prefix + (int(x),), {})
+                        states[state] = states.get(state, 0.0) + weight * float(law[x])
+        frontier = following
+    powers = case.vocab ** np.arange(case.length - 1, -1, -1, dtype=np.int64)
+    return {int(np.dot(prefix, powers)): sum(states.values()) for prefix, states in frontier.items()}
 
 
 def wrong_law(entry: EngineEntry, case: EngineCase) -> Optional[dict]:
     """The exact law of ``entry``'s outcomes on ``case`` ({code: probability}) where it can be enumerated
     without running the engine: a shared stream emits one request's tokens twice; a dropped logit_bias
-    emits the law of the case without it. None for the other entries."""
+    emits the law of the case without it; a bug that changes one drafted position's rule has the law
+    :func:`positional_law` carries forward. None for the others (penalties from the block's start and the
+    block-wise mix depend on the whole block)."""
+    if entry.bug in POSITIONAL_BUGS[1:] and not isinstance(case, PairedCase):
+        return positional_law(case, entry.bug)
     if entry.bug == "shared_stream" and isinstance(case, PairedCase):
         base_codes, base_probs = case.base.law()
         return dict(zip((base_codes * case.vocab ** case.base.length + base_codes).tolist(), base_probs.tolist()))
@@ -317,4 +472,220 @@ def serving_gallery(cases: list, family_false_alarm: Optional[float] = None, pow
                 miss *= 1 - power
             row["power"], row["power_from"] = 1 - miss, "+".join(sorted(sources))
         rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def keyed_uniforms(seeds, stream: int, counters) -> torch.Tensor:
+    """One uniform in [0, 1) per row, a pure function of (seed, stream, counter): a counter-based random
+    stream, so a draw depends on what it is for, not on how many draws came before it."""
+    seeds = np.asarray(seeds, dtype=np.int64).astype(np.uint64)
+    counters = np.broadcast_to(np.asarray(counters, dtype=np.int64), seeds.shape).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = _mix(_mix(seeds ^ (np.uint64(stream) << np.uint64(56))) + counters)
+    return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token whose cumulative probability first passes each row's uniform; never a zero-probability
+    token and never past the vocabulary, since every uniform is below 1."""
+    cdf = probs.double().cumsum(-1)
+    below = cdf <= (uniforms.double() * cdf[:, -1]).unsqueeze(1)
+    return below.sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
+@torch.no_grad()
+def keyed_engine(target, draft, prompt, max_new_tokens, config, seeds, speculate: bool = True, *,
+                 gamma: int = 2, bug: Optional[str] = None, state: Optional[dict] = None) -> torch.Tensor:
+    """A seeded engine in the design mlx-vlm describes in its pull request #2029: every request has a seed;
+    the target's token at output position t is drawn by inverse CDF from a uniform keyed by (seed, t), the
+    draft's proposals from the request's own stream, and a draft is accepted when it equals the target's
+    draw at its position. The emitted tokens are then the target's draws, exactly: the law is the target's,
+    and a seed gives the same tokens with speculation on or off (``speculate``), alone or in a batch.
+
+    Returns (len(seeds), max_new_tokens). ``bug`` plants a seed-handling fault that keeps the law:
+
+    - ``"top_k_fallback"`` (mlx-vlm before #2029): a request with top-k draws the target's tokens from its
+      stateful stream, which the draft's proposals consume too, so speculation changes its tokens;
+    - ``"engine_stream"`` (TensorRT-LLM #17599): the seeds are ignored; every row draws from one stream of
+      the engine (``state`` carries its position across calls), so neither a repeat nor a request alone
+      gives the same tokens."""
+    seeds = np.asarray(list(seeds), dtype=np.int64)
+    n, start = len(seeds), len(prompt)
+    counter = np.zeros(n, dtype=np.int64)  # each request's stateful stream
+    state = {"draws": 0} if state is None else state
+    shared = bug == "top_k_fallback" and config.top_k is not None
+
+    def stateful(stream_seeds):
+        nonlocal counter
+        drawn = keyed_uniforms(stream_seeds, 0, counter)
+        counter = counter + 1
+        return drawn
+
+    def engine_draw():
+        drawn = keyed_uniforms(np.zeros(n, dtype=np.int64), 2, state["draws"] + np.arange(n))
+        state["draws"] += n
+        return drawn
+
+    def target_uniform(positions):
+        if bug == "engine_stream":
+            return engine_draw()
+        return stateful(seeds) if shared else keyed_uniforms(seeds, 1, positions)
+
+    def draft_uniform(counts):
+        if bug == "engine_stream":
+            return engine_draw()
+        return stateful(seeds) if shared else keyed_uniforms(seeds, 3, counts)
+
+    target_forward = _Forwards(target, prompt)
+    out = torch.zeros(n, CONTEXT + 1, dtype=torch.long)
+    out[:, :start] = torch.tensor(list(prompt))
+    ends = torch.full((n,), start)
+    drafted = np.zeros(n, dtype=np.int64)
+    if not speculate:
+        for _ in range(max_new_tokens):
+            p = processed_probs(target_forward(out, ends)[:, 0], config, out, ends, start)
+            token = inverse_cdf(p, target_uniform((ends - start).numpy()))
+            ends = _write(out, ends, token.unsqueeze(1), torch.ones(n, dtype=torch.long))
+        return out[:, start:start + max_new_tokens]
+    draft_forward = _Forwards(draft, prompt)
+    while int((ends - start).min()) < max_new_tokens:
+        active = ends - start < max_new_tokens
+        seen = out.clone()
+        drafts = torch.zeros(n, gamma, dtype=torch.long)
+        for j in range(gamma):
+            q = processed_probs(draft_forward(seen, ends + j)[:, 0], config, seen, ends + j, start)
+            drafts[:, j] = inverse_cdf(q, draft_uniform(drafted))
+            drafted = drafted + 1
+            seen[torch.arange(n), ends + j] = drafts[:, j]
+        logits = target_forward(seen, ends, extra=gamma)
+        draws = torch.stack([inverse_cdf(processed_probs(logits[:, i], config, seen, ends + i, start),
+                                         target_uniform((ends - start + i).numpy()))
+                             for i in range(gamma + 1)], 1)
+        accepted = (drafts == draws[:, :gamma]).long().cumprod(1).sum(1)
+        ends = _write(out, ends, draws, torch.where(active, accepted + 1, 0))
+    return out[:, start:start + max_new_tokens]
+
+
+@dataclasses.dataclass
+class SeedEntry:
+    """One seeded engine of the seed gallery (:func:`keyed_engine`), and the checks its fault fails."""
+
+    key: str
+    name: str
+    lawful: bool
+    what: str
+    cite: str = ""
+    url: str = ""
+    bug: Optional[str] = None
+    fails: tuple = ()  # the checks of :func:`seed_checks` it fails
+
+    def engine(self) -> Callable:
+        """The engine in the seeded convention: (target, draft, prompt, k, config, seeds, speculate)."""
+        state = {"draws": 0}
+
+        def run(target, draft, prompt, max_new_tokens, config, seeds, speculate=True):
+            return keyed_engine(target, draft, prompt, max_new_tokens, config, seeds, speculate, bug=self.bug,
+                                state=state)
+
+        run.__qualname__ = self.name
+        return run
+
+    def law_engine(self) -> Callable:
+        """The same engine in the ``"models"`` convention, one fresh seed per row from the generator."""
+        seeded = self.engine()
+
+        def run(target, draft, prompt, max_new_tokens, config, generator, n):
+            seeds = torch.randint(2 ** 62, (n,), generator=generator).numpy()
+            return seeded(target, draft, prompt, max_new_tokens, config, seeds)
+
+        run.__qualname__ = self.name
+        return run
+
+
+#: The seed checks, in order: a repeat gives the same tokens; each request alone gives the tokens it gave
+#: in the batch; speculation off gives the tokens speculation gave.
+SEED_CHECKS = ("repeat", "batched", "serial")
+
+SEED_GALLERY = [
+    SeedEntry("keyed", "target draws keyed by seed and position", True,
+              "a correct seeded engine: the target's draw at each position depends only on the seed and the "
+              "position", "mlxvlm2029", "https://github.com/Blaizzy/mlx-vlm/pull/2029"),
+    SeedEntry("top_k_fallback", "top-k requests fall back to a stateful stream", False,
+              "with top-k, the target draws from the request's stateful stream, which the draft's proposals "
+              "consume as well; the law is kept, the tokens of a seed move with speculation",
+              "mlxvlm2029", "https://github.com/Blaizzy/mlx-vlm/pull/2029", "top_k_fallback", ("serial",)),
+    SeedEntry("engine_stream", "one engine-wide stream, seeds ignored", False,
+              "every request draws from one stream of the engine that every call advances; the law is kept, "
+              "a seed means nothing", "tensorrtllm17599", "https://github.com/NVIDIA/TensorRT-LLM/pull/17599",
+              "engine_stream", ("repeat", "batched", "serial")),
+]
+
+
+def seed_checks(engine: Callable, case: EngineCase, seeds=range(32)) -> dict:
+    """Run a seeded engine (the convention of :meth:`SeedEntry.engine`) on ``case`` and return, for each
+    of :data:`SEED_CHECKS`, whether every request gave the same tokens both ways."""
+    seeds = list(seeds)
+
+    def run(chosen, speculate=True):
+        return torch.as_tensor(engine(case.target, case.draft, list(case.prompt), case.length, case.config,
+                                      chosen, speculate))
+
+    first = run(seeds)
+    sides = {"repeat": run(seeds), "batched": torch.cat([run([seed]) for seed in seeds]),
+             "serial": run(seeds, False)}
+    return {check: bool(torch.equal(first, sides[check])) for check in SEED_CHECKS}
+
+
+def seed_check_power(engine: Callable, case: EngineCase, check: str, requests: int, probe=range(1_000, 1_256)) -> float:
+    """The probability that ``check`` over ``requests`` seeds catches ``engine``: 1 - (1 - f)^requests,
+    where f is the fraction of the ``probe`` seeds (none of them the check's) whose two sides differ."""
+    if check not in SEED_CHECKS:
+        raise ValueError(f"unknown seed check {check!r}; known: {', '.join(SEED_CHECKS)}")
+    probe = list(probe)
+
+    def run(chosen, speculate=True):
+        return torch.as_tensor(engine(case.target, case.draft, list(case.prompt), case.length, case.config,
+                                      chosen, speculate))
+
+    first = run(probe)
+    other = {"repeat": lambda: run(probe), "batched": lambda: torch.cat([run([seed]) for seed in probe]),
+             "serial": lambda: run(probe, False)}[check]()
+    differ = float((first != other).any(1).double().mean())
+    return 1.0 - (1.0 - differ) ** requests
+
+
+def seed_gallery(cases: list, requests: int = 32, family_false_alarm: Optional[float] = None,
+                 max_rows: Optional[int] = None, seed: int = 0) -> list[dict]:
+    """Every engine of :data:`SEED_GALLERY` on the top-k case: its law audit (over fresh seeds), its seed
+    checks over ``requests`` seeds, and for each wrong one the power of the checks it must fail."""
+    from . import stats
+    from .audit import audit_engine
+
+    family_false_alarm = stats.FALSE_ALARM_RATE if family_false_alarm is None else family_false_alarm
+    case = {c.name: c for c in cases}[_TOPK]
+    rows = []
+    for entry in SEED_GALLERY:
+        report = audit_engine(entry.law_engine(), cases=[case], family_false_alarm=family_false_alarm, seed=seed,
+                              max_rows=max_rows)
+        checks = seed_checks(entry.engine(), case, range(requests))
+        power = None
+        if not entry.lawful:
+            miss = 1.0
+            for check in entry.fails:
+                miss *= 1 - seed_check_power(entry.engine(), case, check, requests)
+            power = 1 - miss
+        rows.append({"key": entry.key, "name": entry.name, "lawful": entry.lawful, "cite": entry.cite,
+                     "url": entry.url, "law_passed": report.passed, "checks": checks,
+                     "passed": report.passed and all(checks.values()), "power": power, "report": report})
     return rows
