@@ -9,8 +9,10 @@ MIN_PYTHON := 3.11.5
 INSTALLED  := $(VENV)/.installed
 BUILT      := _build/html/.built
 # everything the book is made from: a change to any of these rebuilds it; nothing else does
-BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md book/* book/_ext/* _static/*) \
-               $(shell find src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null))
+# files only, never __pycache__: the first build writes book/_ext/__pycache__, and a folder in the list (or a
+# list that changes) would make the next make rebuild the whole book
+BOOK_INPUTS := _config.yml _toc.yml $(sort $(wildcard notebooks/*.md) \
+               $(shell find book _static src/speculative results -type f -not -path '*/__pycache__/*' 2>/dev/null))
 # the list of inputs itself, rewritten only when it changes, so that a file added or deleted rebuilds too
 INPUT_LIST := _build/.inputs
 $(shell mkdir -p _build && { echo '$(BOOK_INPUTS)' | cmp -s - $(INPUT_LIST) || echo '$(BOOK_INPUTS)' > $(INPUT_LIST); })

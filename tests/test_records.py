@@ -299,7 +299,7 @@ def test_a_race_names_the_pairs_own_draft_by_the_pair_it_was_made_with():
 
 
 def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():
-    """The agreement records of the shipped pair and of the pair it replaced scored the same six drafts against
+    """The agreement records of the shipped pair and of the pair it replaced scored the same drafts against
     the same target, each time under the pair's own name for its draft ("shipped"). Named by what they are
     (book.named_drafts), each draft's exact acceptance rate agrees between the two records to float32
     round-off, at both temperatures: the rate is a property of the two models, not of the folder they came from.
@@ -310,7 +310,7 @@ def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():
     shipped = named_drafts(records.read_record(folder / "agreement_cpu.json"))
     first = named_drafts(records.read_record(folder / "previous_pair" / "agreement_cpu.json"))
     assert shipped["pair_sha256"] != first["pair_sha256"] and shipped["config"] == first["config"]
-    assert set(shipped["drafts"]) == set(first["drafts"]) and len(shipped["drafts"]) == 6
+    assert set(shipped["drafts"]) == set(first["drafts"]) and len(shipped["drafts"]) >= 2
     rates = [{(r["draft"], r["temperature"]): r["alpha"] for r in analysis.analyse(record)}
              for record in (shipped, first)]
     assert rates[0].keys() == rates[1].keys()

@@ -29,9 +29,9 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -83,10 +83,10 @@ def vllm_engine(speculative_config: Optional[dict] = None, *, mixed: bool = Fals
     """vLLM's offline ``LLM`` in the ``"models"`` convention.
 
     ``speculative_config`` is vLLM's (``{draft}`` stands for the case's draft folder, ``{eagle}`` for its
-    EAGLE head), or ``None`` for plain decoding. ``mixed=True`` interleaves every row with a row at :data:`COMPANION`'s settings in
-    the same ``generate()`` call; ``seeded=True`` gives every request its own seed drawn from the
-    audit's generator. ``llm_options`` go to ``vllm.LLM`` (defaults: float32, eager, no tokenizer,
-    context 64). An ``LLM`` is built per pair of folders and freed when the next pair comes.
+    EAGLE head), or ``None`` for plain decoding. ``mixed=True`` interleaves every row with a row at
+    :data:`COMPANION`'s settings in the same ``generate()`` call; ``seeded=True`` gives every request its
+    own seed drawn from the audit's generator. ``llm_options`` go to ``vllm.LLM`` (defaults: float32,
+    eager, no tokenizer, context 64). An ``LLM`` is built per pair of folders and freed when the next pair comes.
     """
     state: dict = {}
 
