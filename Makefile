@@ -59,7 +59,7 @@ install: $(INSTALLED)
 # while SPECULATIVE_PACKAGE_FROM is set), in an empty folder of its own (run_in_temp in _config.yml).
 $(BUILT): $(BOOK_INPUTS) $(INPUT_LIST) $(INSTALLED)
 	rm -rf _build
-	$(PY) -m speculative.colab --site _build/site
+	$(PY) -m speculative.book.colab --site _build/site
 	PYTHONPATH=$(CURDIR)/_build/site SPECULATIVE_PACKAGE_FROM=$(CURDIR)/_build/site \
 	  $(JB) build . --builder html -W -n --keep-going
 	@echo '$(BOOK_INPUTS)' > $(INPUT_LIST)
@@ -80,7 +80,7 @@ test: book lint
 
 # the editions show the values of the last build, so they are written from one
 sync: $(BUILT)
-	$(PY) -m speculative.colab --values _build/jupyter_execute/notebooks notebooks/[0-9]*.md
+	$(PY) -m speculative.book.colab --values _build/jupyter_execute/notebooks notebooks/[0-9]*.md
 
 clean:
 	rm -rf _build

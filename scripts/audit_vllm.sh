@@ -24,7 +24,7 @@ audit() {
   [ "$code" -le 1 ] || { echo "the audit could not run; see $LOG"; tail -5 "$LOG"; exit 2; }
 }
 
-"$PY" -m speculative.vllm_plugin --record "$RECORD.new" || exit 2
+"$PY" -m speculative.audit.vllm_plugin --record "$RECORD.new" || exit 2
 # as shipped: VLLM_PLUGINS names no plugin, so this project's stays out
 VLLM_PLUGINS= audit vllm --as-shipped --method draft_model --method ngram --surface --run shipped
 VLLM_PLUGINS= audit vllm --as-shipped --method eagle --case "T = 1" --run shipped

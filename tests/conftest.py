@@ -8,10 +8,11 @@ import sys
 import pytest
 import torch
 
-from speculative import decode, sampler
-from speculative.model import GPT, GPTConfig
-from speculative.pair import save_pair
-from speculative.train import make_prompts
+from speculative.engine import decode
+from speculative.engine.model import GPT, GPTConfig
+from speculative.engine.pair import save_pair
+from speculative.sampling import sampler
+from speculative.training.train import make_prompts
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # make test runs two pytest workers on two cores: one thread each, so that they do not fight over the cores
@@ -47,7 +48,7 @@ def one_step_by_branches(target_probs, draft_probs):
     by walking the algorithm's event tree: draft x with q(x), accept with min(1, p(x)/q(x)), else draw from
     the normalised residual. Written apart from rule.py (only the residual is taken from it), so that the
     rule's closed form min(p, q) + (1 - alpha) r has something independent to be checked against."""
-    from speculative.rule import normalized_residual
+    from speculative.exact.rule import normalized_residual
 
     accepted = [0 * p for p in target_probs]
     rejected = 0 * target_probs[0]
@@ -64,7 +65,7 @@ def one_step_by_branches(target_probs, draft_probs):
 @pytest.fixture(scope="session")
 def pair():
     """The shipped pair, loaded once per test session (tests only read it: none may train or edit it)."""
-    from speculative.pair import load_pair
+    from speculative.engine.pair import load_pair
 
     return load_pair()
 
@@ -95,7 +96,7 @@ def law_pair(pair):
 def battery():
     """The audit's default battery, built once (about two seconds: its large tables are exact Fractions).
     Tests only read it; its cases cache their probability tensors, so sharing them saves that work too."""
-    from speculative.audit import default_battery
+    from speculative.audit.core import default_battery
 
     return default_battery()
 

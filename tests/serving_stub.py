@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from speculative.engines import reference_engine  # noqa: E402
-from speculative.serving import ServingConfig, load_folder  # noqa: E402
+from speculative.audit.engines import reference_engine  # noqa: E402
+from speculative.audit.serving import ServingConfig, load_folder  # noqa: E402
 
 
 def config_of(body: dict) -> ServingConfig:

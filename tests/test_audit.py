@@ -1,4 +1,4 @@
-"""speculative.audit: it passes the library's sampler, fails every wrong rule of the gallery, says why, and
+"""speculative.audit.core: it passes the library's sampler, fails every wrong rule of the gallery, says why, and
 refuses bad input in one line.
 
 False alarms: each audit's family-wise rate is 1e-6 (stated by audit_sampler), so the passing assertions
@@ -13,9 +13,11 @@ import json
 import pytest
 import torch
 
-from speculative import audit, pitfalls, stats
-from speculative.__main__ import main
-from speculative.sampler import SamplerOutput, rejection_sample
+from speculative.audit import core as audit
+from speculative.audit import pitfalls
+from speculative.cli import main
+from speculative.sampling import stats
+from speculative.sampling.sampler import SamplerOutput, rejection_sample
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def test_a_crash_an_out_of_range_id_and_a_wrong_shape_fail_with_the_input_shown(
 def test_a_rule_that_accepts_a_token_with_p_zero_at_u_zero_is_caught_at_the_edge(battery):
     # u <= p/q instead of u < p/q: right except when u is exactly 0, which random draws almost never give
     def accept_at_equality(draft_tokens, draft_probs, target_probs, generator, randomness=None):
-        from speculative.sampler import draw_randomness
+        from speculative.sampling.sampler import draw_randomness
 
         randomness = randomness or draw_randomness(draft_tokens.shape[0], draft_tokens.shape[1], generator)
         out = rejection_sample(draft_tokens, draft_probs, target_probs, generator, randomness=randomness)
@@ -156,7 +158,7 @@ def test_select_cases_picks_by_name_and_refuses_a_name_that_matches_none(battery
 def test_cli_exit_codes(tmp_path, capsys):
     # the whole battery on the library's sampler is test_the_library_sampler_passes_every_case's: here one case
     out = tmp_path / "report.json"
-    assert main(["audit", "speculative.sampler:rejection_sample", "--case", "three-token", "--no-progress",
+    assert main(["audit", "speculative.sampling.sampler:rejection_sample", "--case", "three-token", "--no-progress",
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["passed"] is True and [r["name"] for r in report["results"]] == ["three-token example"]
@@ -164,12 +166,13 @@ def test_cli_exit_codes(tmp_path, capsys):
     # an entry of the gallery, with its demo options: 0/0 on the p = q case gives the id V
     assert main(["audit", "pitfall:unguarded_zero_residual", "--case", "p = q", "--no-progress"]) == 1
     assert "FAIL" in capsys.readouterr().out
-    for bad in ("nosuch.module:f", "speculative.sampler:nothing", "speculative.sampler", "speculative.defaults:PROMPTS",
-                "speculative.book:glue", "pitfall:nosuch"):
+    for bad in ("nosuch.module:f", "speculative.sampling.sampler:nothing", "speculative.sampling.sampler",
+                "speculative.defaults:PROMPTS",
+                "speculative.book.glue:glue", "pitfall:nosuch"):
         assert main(["audit", bad, "--case", "three-token", "--no-progress"]) == 2, bad
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, err
-    assert main(["audit", "speculative.sampler:rejection_sample", "--case", "nosuch", "--no-progress"]) == 2
+    assert main(["audit", "speculative.sampling.sampler:rejection_sample", "--case", "nosuch", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no case of the battery is named like 'nosuch'" in err, err
 

@@ -4,7 +4,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from speculative import exact, rule
+from speculative.exact import exact, rule
 
 P = [F(1, 2), F(1, 2)]
 

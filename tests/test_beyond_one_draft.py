@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from speculative import exact, stats
-from speculative.pitfalls import MULTI_DRAFT_PITFALLS, extend, find
-from speculative.rule import total_variation
-from speculative.sampler import (
+from speculative.audit.pitfalls import MULTI_DRAFT_PITFALLS, extend, find
+from speculative.exact import exact
+from speculative.exact.rule import total_variation
+from speculative.sampling import stats
+from speculative.sampling.sampler import (
     Randomness,
     block_verify_sample,
     draw_candidates,
@@ -356,7 +357,7 @@ def test_block_sampler_refuses_bad_input_like_the_token_wise_one():
 
 @pytest.mark.slow
 def test_the_audit_passes_block_verification_and_tells_the_two_rules_apart(battery):
-    from speculative.audit import audit_sampler
+    from speculative.audit.core import audit_sampler
 
     cases = [c for c in battery if c.law == "block" and c.gamma >= 2][:3]
     assert audit_sampler(block_verify_sample, rule="block", cases=cases).passed

@@ -6,8 +6,8 @@ from fractions import Fraction as F
 
 import pytest
 
-from speculative import book
-from speculative.book import Shown, as_text, glue
+from speculative.book import glue as book
+from speculative.book.glue import Shown, as_text, glue
 
 
 def test_as_text_writes_fractions_as_a_reader_would():
@@ -102,7 +102,7 @@ def test_demo_settings_read_each_scale_and_refuse_an_unknown_one(monkeypatch):
 def test_named_drafts_names_the_shipped_draft_by_the_pair_a_record_was_made_with():
     import json
 
-    from speculative.pair import PAIR_DIR
+    from speculative.engine.pair import PAIR_DIR
 
     shipped = json.loads((PAIR_DIR / "pair.json").read_text())["shipped_draft"]
     # a record of the shipped pair: its own draft takes pair.json's name, and its training where the record has none

@@ -8,8 +8,8 @@ import nbformat
 import pytest
 import yaml
 
-from speculative import colab
-from speculative.colab import MYST_LEFT, colab_notebook, glued_names
+from speculative.book import colab
+from speculative.book.colab import MYST_LEFT, colab_notebook, glued_names
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))

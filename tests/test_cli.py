@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from speculative.__main__ import main
-from speculative.pair import load_pair
-from speculative.report import DECODE_LEGEND, SAMPLER_LEGEND
+from speculative.cli import main
+from speculative.engine.pair import load_pair
+from speculative.measure.report import DECODE_LEGEND, SAMPLER_LEGEND
 
 
 def test_verify_prints_the_seed_example_and_every_pitfall(capsys):
@@ -40,7 +40,7 @@ def test_bench_sampler_records_what_it_ran_on(tmp_path, capsys):
         (["bench", "decode", "--rule", "tree"], "unknown rule tree"),
         (["bench", "decode", "--rule", "block,block"], "rule listed twice"),
         (["bench", "decode", "--runs", "0"], "integer >= 1"),
-        (["audit", "speculative.sampler:block_verify_sample", "--rule", "tree"], "invalid choice"),
+        (["audit", "speculative.sampling.sampler:block_verify_sample", "--rule", "tree"], "invalid choice"),
         (["bench", "nothing"], "invalid choice"),
     ],
 )
@@ -109,7 +109,7 @@ def test_bench_decode_records_the_pair_and_the_prompts(tiny_pair_dir, tmp_path, 
 
 
 def test_repeat_share_counts_repeated_eight_grams():
-    from speculative.analysis import repeat_share
+    from speculative.measure.analysis import repeat_share
 
     # 27 tokens: the 20 generated positions that end an 8-gram; the third period repeats the second (9)
     assert repeat_share(list(b"abcdefgh" * 3), list(b"xyz")) == pytest.approx(9 / 20)
@@ -208,7 +208,7 @@ def _subparsers(parser):
 
 def test_version_and_defaults_in_every_help(capsys):
     from speculative import __version__, defaults
-    from speculative.__main__ import build_parser
+    from speculative.cli import build_parser
 
     with pytest.raises(SystemExit):
         main(["--version"])
@@ -245,7 +245,7 @@ def test_verify_prints_the_block_and_multi_draft_tables(capsys):
 
 
 def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
-    from speculative.analysis import compare_variants
+    from speculative.measure.analysis import compare_variants
 
     out = tmp_path / "rules.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "2", "--temperature", "0,1",
@@ -277,8 +277,8 @@ def test_bench_decode_races_rules_and_chains(tiny_pair_dir, tmp_path, capsys):
 def test_ship_draft_writes_a_pair_with_the_candidates_draft(tiny_pair_dir, tmp_path, capsys):
     import torch
 
-    from speculative.drafts import save_draft
-    from speculative.model import GPT, GPTConfig
+    from speculative.engine.model import GPT, GPTConfig
+    from speculative.measure.drafts import save_draft
 
     torch.manual_seed(5)
     save_draft(tmp_path / "wide", GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)),
@@ -295,8 +295,8 @@ def test_ship_draft_writes_a_pair_with_the_candidates_draft(tiny_pair_dir, tmp_p
 def test_bench_drafts_races_a_candidate_beside_the_pairs_own_draft(tiny_pair_dir, tmp_path, capsys):
     import torch
 
-    from speculative.drafts import save_draft
-    from speculative.model import GPT, GPTConfig
+    from speculative.engine.model import GPT, GPTConfig
+    from speculative.measure.drafts import save_draft
 
     torch.manual_seed(4)
     save_draft(tmp_path / "wide", GPT(GPTConfig(context=32, n_layer=1, n_head=2, d_model=16)),

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from speculative.colab import build_site, glued_names
+from speculative.book.colab import build_site, glued_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_the_package_refuses_to_load_from_anywhere_but_the_named_folder(wheel_si
 def test_the_book_is_built_from_the_wheel_each_chapter_in_an_empty_folder():
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("$(BUILT):", 1)[1].split("\n\n", 1)[0]
-    assert "-m speculative.colab --site _build/site" in recipe
+    assert "-m speculative.book.colab --site _build/site" in recipe
     assert "PYTHONPATH=$(CURDIR)/_build/site SPECULATIVE_PACKAGE_FROM=$(CURDIR)/_build/site" in recipe
     assert recipe.index("--site") < recipe.index("$(JB) build")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from conftest import planted_rollback_bug
-from speculative import evaluate, stats
-from speculative.decode import plain_decode, speculative_decode
-from speculative.evaluate import exact_two_byte_law
-from speculative.model import GPT, GPTConfig
-from speculative.pair import load_pair
-from speculative.transforms import SamplingConfig
+from speculative.engine import evaluate
+from speculative.engine.decode import plain_decode, speculative_decode
+from speculative.engine.evaluate import exact_two_byte_law
+from speculative.engine.model import GPT, GPTConfig
+from speculative.engine.pair import load_pair
+from speculative.sampling import stats
+from speculative.sampling.transforms import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)
 ROWS = 12_000  # samples per distribution test
@@ -40,7 +41,7 @@ def test_batch_rows_are_independent(pair):
 
 def test_a_fixed_gamma_is_the_fixed_policy(pair):
     # one engine path: gamma = 3 runs as FixedLength(3), draw for draw, and records each block's lengths
-    from speculative.policy import FixedLength
+    from speculative.engine.policy import FixedLength
 
     prompts = [p[: 40 + 9 * i] for i, p in enumerate(pair.prompts[:3])]  # rows finish at different blocks
     runs = [speculative_decode(pair.target, pair.draft, prompts, 24, gamma, SamplingConfig(temperature=1.0),
@@ -54,7 +55,7 @@ def test_a_fixed_gamma_is_the_fixed_policy(pair):
 
 
 def test_dropping_finished_rows_changes_no_row(pair, monkeypatch):
-    from speculative.model import KVCache
+    from speculative.engine.model import KVCache
 
     selections = []
     original = KVCache.select
@@ -173,7 +174,7 @@ def test_identifier_tasks_cut_inside_an_identifier_and_score_exact_completions()
 
 
 def test_demo_scale_is_read_in_one_place(monkeypatch):
-    from speculative.book import demo_settings
+    from speculative.book.glue import demo_settings
 
     monkeypatch.delenv("SPECULATIVE_SCALE", raising=False)
     assert demo_settings("cpu")["scale"] == "small"
@@ -218,7 +219,7 @@ def test_half_precision_weights_decode_in_range_without_nan(dtype):
 
 def test_block_rule_and_multi_draft_decoding_are_greedy_exact(pair):
     # at temperature 0 every rule must reproduce plain greedy decoding token for token
-    from speculative.decode import multi_draft_decode
+    from speculative.engine.decode import multi_draft_decode
 
     greedy = SamplingConfig(temperature=0.0)
     prompts = [pair.prompts[3], pair.prompts[4]]
@@ -233,7 +234,7 @@ def test_block_rule_and_multi_draft_decoding_are_greedy_exact(pair):
 
 
 def test_multi_draft_decoding_refuses_bad_input(pair):
-    from speculative.decode import multi_draft_decode
+    from speculative.engine.decode import multi_draft_decode
 
     with pytest.raises(ValueError, match="one prompt"):
         multi_draft_decode(pair.target, pair.draft, [pair.prompts[0], pair.prompts[1]], 8, 2, 2)
@@ -253,9 +254,9 @@ def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair,
     """Greedily the loop compares arg-maxes (sampler.greedy_verify) instead of running the rejection sampler on
     one-hot p and q; passing the sampler explicitly takes the long way. Tokens and every block's accepted
     count must agree, shared blocks and per-row lengths alike, on rows of different prompts."""
-    from speculative import decode as decode_module
-    from speculative.policy import make_policy
-    from speculative.sampler import greedy_verify, rejection_sample
+    from speculative.engine import decode as decode_module
+    from speculative.engine.policy import make_policy
+    from speculative.sampling.sampler import greedy_verify, rejection_sample
 
     calls = []
     monkeypatch.setattr(decode_module, "greedy_verify", lambda *a: calls.append(1) or greedy_verify(*a))
@@ -276,7 +277,7 @@ def test_the_greedy_fast_path_gives_what_the_sampler_gives_on_one_hots(law_pair,
 
 
 def test_greedy_verify_is_the_rejection_sampler_on_one_hots():
-    from speculative.sampler import greedy_verify, rejection_sample
+    from speculative.sampling.sampler import greedy_verify, rejection_sample
 
     generator = torch.Generator().manual_seed(0)
     batch, k, vocab = 64, 5, 4  # a small vocabulary, so that drafts often match
@@ -298,8 +299,8 @@ def test_rows_at_one_position_take_int_positions_and_draw_the_same(law_pair, pol
     the forwards host ints (the caches written by slices) instead of (R,) tensors. That is
     only faster: forced onto the tensor path, the same seeds give the same tokens and accepted counts, at
     T = 1 and greedily, and the int path was really taken."""
-    from speculative import decode as decode_module
-    from speculative.policy import make_policy
+    from speculative.engine import decode as decode_module
+    from speculative.engine.policy import make_policy
 
     shared = []
     original = decode_module._shared
@@ -326,7 +327,7 @@ def test_a_one_token_step_without_a_mask_gives_the_masked_logits(law_pair):
     # the model skips the mask for one token at an int position that attends to every cached key (plain
     # decoding's step); the same call with a tensor position builds an all-true mask and must give the
     # same logits bit for bit; a longer span (extra keys masked out) agrees up to rounding
-    from speculative.decode import prefill
+    from speculative.engine.decode import prefill
 
     model, row = law_pair.target, law_pair.prompts[0][:30]
     cache = prefill(model, [list(row)], length=64)

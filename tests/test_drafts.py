@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY, save_tiny_pair
-from speculative import analysis
-from speculative.drafts import (
+from speculative.engine.model import GPT, GPTConfig
+from speculative.engine.pair import load_pair
+from speculative.measure import analysis
+from speculative.measure.drafts import (
     acceptance_from_forwards,
     compiled,
     draft_training,
@@ -21,10 +23,8 @@ from speculative.drafts import (
     training_summary,
     with_draft,
 )
-from speculative.model import GPT, GPTConfig
-from speculative.pair import load_pair
-from speculative.train import DISTILL_OBJECTIVES, distill_loss, parse_candidate
-from speculative.transforms import SamplingConfig
+from speculative.sampling.transforms import SamplingConfig
+from speculative.training.train import DISTILL_OBJECTIVES, distill_loss, parse_candidate
 
 
 def _random_logprobs(seed, shape=(3, 5, 7)):
@@ -73,7 +73,7 @@ def test_exact_alpha_is_one_for_the_target_itself_and_matches_one_position_by_ha
     for config in (SamplingConfig(), SamplingConfig(temperature=0.0), SamplingConfig(temperature=0.7, top_k=5)):
         assert acceptance_from_forwards(target, target, contexts, 4, config) == pytest.approx([1.0] * 3)
     # the last context's last position, by hand, through the rule's own acceptance rate
-    from speculative.rule import acceptance_rate
+    from speculative.exact.rule import acceptance_rate
 
     rates = acceptance_from_forwards(target, draft, contexts[:, :5], 4, SamplingConfig())
     with torch.no_grad():
@@ -236,8 +236,8 @@ def test_the_ranking_prefers_the_draft_that_agrees_more_at_the_same_price_and_pr
 
 
 def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_the_same(tmp_path):
-    from speculative.bench import bench_drafts
-    from speculative.records import read_record, write_record
+    from speculative.measure.bench import bench_drafts
+    from speculative.measure.records import read_record, write_record
 
     save_tiny_pair(tmp_path / "pair")
     pair = load_pair(tmp_path / "pair")
@@ -271,9 +271,9 @@ def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_th
 
 
 def test_target_samples_continue_text_with_the_targets_own_tokens(tmp_path):
-    from speculative.decode import plain_decode
-    from speculative.train import target_samples
-    from speculative.transforms import SamplingConfig
+    from speculative.engine.decode import plain_decode
+    from speculative.sampling.transforms import SamplingConfig
+    from speculative.training.train import target_samples
 
     save_tiny_pair(tmp_path / "pair")
     pair = load_pair(tmp_path / "pair")
@@ -290,7 +290,7 @@ def test_target_samples_continue_text_with_the_targets_own_tokens(tmp_path):
 
 
 def test_prices_refuse_widths_without_one_and_repeated_shapes():
-    from speculative.drafts import measure_prices
+    from speculative.measure.drafts import measure_prices
 
     target = GPT(TINY).eval()
     with pytest.raises(ValueError, match="include 1"):
@@ -303,8 +303,8 @@ def test_a_compiled_draft_decodes_the_same_tokens_and_races_under_its_own_name(t
     """drafts.compiled wraps the draft only; on the tiny pair, decoding with it gives the eager draft's
     tokens and accepted counts (same seeds), and a race records which drafts were compiled. (One test:
     the first compile costs about a minute on a CPU.)"""
-    from speculative.bench import bench_drafts
-    from speculative.decode import speculative_decode
+    from speculative.engine.decode import speculative_decode
+    from speculative.measure.bench import bench_drafts
 
     save_tiny_pair(tmp_path / "pair")
     pair = load_pair(tmp_path / "pair")
@@ -327,7 +327,7 @@ def test_a_compiled_draft_decodes_the_same_tokens_and_races_under_its_own_name(t
 def test_the_race_command_adds_a_compiled_twin_of_each_draft_only_when_asked(tmp_path):
     import argparse
 
-    from speculative.__main__ import _raced_drafts
+    from speculative.cli import _raced_drafts
 
     save_tiny_pair(tmp_path / "pair")
     for flag, names in ((False, ["shipped"]), (True, ["shipped", "shipped+compiled"])):

@@ -1,4 +1,4 @@
-"""The whole-engine audit (speculative.engines, audit.audit_engine): its exact laws, its handling of bad
+"""The whole-engine audit (speculative.audit.engines, audit.audit_engine): its exact laws, its handling of bad
 engines, and that it catches real bugs planted in this library's own engine.
 
 The audit's verdicts on this library's engine in every rule, policy and batch shape, and on the whole
@@ -7,6 +7,7 @@ gallery with each wrong engine's power, are asserted by chapter 12 (notebooks/12
 family-wise rate (1e-6, split over the cases it runs), with fixed seeds, so the suite is deterministic.
 """
 
+import importlib
 import os
 import time
 
@@ -15,11 +16,12 @@ import pytest
 import torch
 
 from conftest import planted_cut_bug, planted_rollback_bug
-from speculative import engines, stats
-from speculative.__main__ import main
-from speculative.audit import assert_engine_lossless, audit_engine
-from speculative.evaluate import exact_sequence_law
-from speculative.transforms import PenalizedConfig, SamplingConfig, penalized_logits
+from speculative.audit import engines
+from speculative.audit.core import assert_engine_lossless, audit_engine
+from speculative.cli import main
+from speculative.engine.evaluate import exact_sequence_law
+from speculative.sampling import stats
+from speculative.sampling.transforms import PenalizedConfig, SamplingConfig, penalized_logits
 
 
 @pytest.fixture(scope="module")
@@ -100,18 +102,18 @@ def test_the_planted_rollback_bug_in_this_librarys_engine_is_caught(battery):
     report = audit_engine(_engine_of(broken, gamma=2), cases=[battery["V = 3, T = 1"], battery["V = 4, top-k 3"]])
     assert not report.passed, report.table()
     # the same audit of the unbroken engine, same seeds: it passes (the control)
-    from speculative import decode
+    from speculative.engine import decode
 
     assert audit_engine(_engine_of(decode, gamma=2), cases=[battery["V = 3, T = 1"], battery["V = 4, top-k 3"]]).passed
 
 
 @pytest.mark.slow
 def test_the_planted_cut_bug_is_caught(battery):
-    from speculative.policy import make_policy
+    from speculative.engine.policy import make_policy
 
     broken = planted_cut_bug().rejection_sample
-    engine = _engine_of(__import__("speculative.decode").decode, gamma=make_policy("heuristic", 2, max_gamma=3),
-                        sampler=broken, per_row=True)
+    engine = _engine_of(importlib.import_module("speculative.engine.decode"),
+                        gamma=make_policy("heuristic", 2, max_gamma=3), sampler=broken, per_row=True)
     report = audit_engine(engine, cases=[battery["V = 3, T = 1"], battery["V = 4, top-k 3"]])
     assert not report.passed, report.table()
 

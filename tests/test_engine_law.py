@@ -28,10 +28,10 @@ from collections import Counter
 import pytest
 import torch
 
-from speculative import stats
-from speculative.decode import plain_decode, speculative_decode
-from speculative.evaluate import exact_sequence_law
-from speculative.transforms import SamplingConfig
+from speculative.engine.decode import plain_decode, speculative_decode
+from speculative.engine.evaluate import exact_sequence_law
+from speculative.sampling import stats
+from speculative.sampling.transforms import SamplingConfig
 
 pytestmark = pytest.mark.slow
 CHUNK = 1_500  # rows per decoding call, to bound the KV cache memory

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from speculative import stats
+from speculative.sampling import stats
 from test_engine_law import TOP2, _fit, _law
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_multi_draft_decoding_follows_the_exact_law(law_pair, scheme):
     # chapter 10: two chains per block as two rows, root verified by the scheme, chosen chain token-wise.
     # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
-    from speculative.decode import multi_draft_decode
+    from speculative.engine.decode import multi_draft_decode
 
     # the last 24 bytes of a shipped prompt: each call prefills both models again, and a short prompt makes
     # that prefill cheaper than a whole 96-byte one. After it the root is still rejected often: in 39 to 90

@@ -4,7 +4,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from speculative import exact
+from speculative.exact import exact
 
 
 def _pair(vocab_size, seed):
@@ -52,7 +52,7 @@ def _biased_sequence_law(target, draft_sampled, draft_in_ratio, context, gamma, 
     """Enumerate blocks where drafts come from one table but the ratio uses another (a planted bug)."""
     from collections import defaultdict
 
-    from speculative.rule import normalized_residual
+    from speculative.exact.rule import normalized_residual
 
     law = defaultdict(F)
 

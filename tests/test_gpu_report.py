@@ -15,9 +15,9 @@ import warnings
 import pytest
 import torch
 
-from speculative import analysis, gpu_report
-from speculative.__main__ import main
-from speculative.records import SCHEMA_VERSION
+from speculative.cli import main
+from speculative.measure import analysis, gpu_report
+from speculative.measure.records import SCHEMA_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_a_spent_budget_skips_the_steps_not_yet_started(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_report, "_clock", lambda: next(clock))
     monkeypatch.setattr(gpu_report, "_steps", lambda pair, sizes, device, names: [
         (name, lambda name=name: {"benchmark": name}) for name in ("sampler", "decode", "syncs")])
-    monkeypatch.setattr("speculative.records.write_record", lambda record, path: path)
+    monkeypatch.setattr("speculative.measure.records.write_record", lambda record, path: path)
     outcome = gpu_report.gpu_report(device="cpu", out_dir=tmp_path, budget_s=250, say=lambda line: None,
                                     names={"target": "x", "draft": "y"})
     assert [outcome[s].split()[0] for s in ("sampler", "decode", "syncs")] == ["written", "written", "skipped:"]

@@ -1,4 +1,5 @@
-"""speculative.hf: the shipped models exported to transformers' GPT-2, and any transformers causal LM in the engine.
+"""speculative.engine.hf: the shipped models exported to transformers' GPT-2, and any transformers causal LM in the
+engine.
 
 Offline throughout: the exported pair, and tiny randomly initialised GPT-2 and Llama models built from
 configs with fixed seeds (no download). The two-token law tests use Pearson's chi-square after pooling,
@@ -12,13 +13,13 @@ from collections import Counter
 import pytest
 import torch
 
-from speculative import stats
-from speculative.decode import plain_decode, speculative_decode
-from speculative.evaluate import exact_two_byte_law
-from speculative.hf import export, wrap
-from speculative.hf import load_pair as load_hf_pair
-from speculative.hf import pair as hf_pair
-from speculative.transforms import SamplingConfig
+from speculative.engine.decode import plain_decode, speculative_decode
+from speculative.engine.evaluate import exact_two_byte_law
+from speculative.engine.hf import export, wrap
+from speculative.engine.hf import load_pair as load_hf_pair
+from speculative.engine.hf import pair as hf_pair
+from speculative.sampling import stats
+from speculative.sampling.transforms import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -188,7 +189,7 @@ def test_the_law_test_catches_a_wrapper_that_does_not_roll_back(monkeypatch):
 
 
 def test_the_law_test_catches_a_wrong_rule_on_wrapped_models():
-    from speculative import pitfalls
+    from speculative.audit import pitfalls
 
     target, draft = wrap(tiny("gpt2", 1)), wrap(tiny("gpt2", 2, layers=1, width=16))
     prompt = [1, 2, 3, 4, 5]
@@ -221,7 +222,7 @@ def test_a_draft_with_another_tokenizer_is_refused():
 
 
 def test_wrapped_models_refuse_what_they_cannot_do(pair):
-    from speculative.decode import multi_draft_decode
+    from speculative.engine.decode import multi_draft_decode
 
     target = wrap(tiny("gpt2", 1))
     with pytest.raises(TypeError, match="library's GPT only"):
@@ -252,8 +253,8 @@ def test_load_pair_reads_saved_checkpoints_offline(tmp_path):
 def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
     import json
 
-    from speculative import analysis
-    from speculative.__main__ import main
+    from speculative.cli import main
+    from speculative.measure import analysis
 
     out = tmp_path / "peer.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
@@ -294,8 +295,8 @@ def test_bench_peer_records_both_sides_on_the_same_models(tmp_path, capsys):
 def test_bench_peer_runs_keeps_each_race_and_the_range_of_ours_over_hf(tmp_path, capsys):
     import json
 
-    from speculative import analysis
-    from speculative.__main__ import main
+    from speculative.cli import main
+    from speculative.measure import analysis
 
     out = tmp_path / "peer_runs.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperature", "1",
@@ -317,7 +318,7 @@ def test_bench_peer_runs_keeps_each_race_and_the_range_of_ours_over_hf(tmp_path,
 def test_bench_decode_runs_a_transformers_pair(tmp_path, capsys):
     import json
 
-    from speculative.__main__ import main
+    from speculative.cli import main
 
     tokenizer = byte_tokenizer()
     for name, model in (("t", tiny("llama", 1, vocab=256, context=512)),
@@ -339,7 +340,7 @@ def test_bench_decode_runs_the_shipped_pair_in_bfloat16(tmp_path):
     # the dtype path a GPU run takes (--device cuda --dtype bfloat16); on this CPU only its correctness is seen
     import json
 
-    from speculative.__main__ import main
+    from speculative.cli import main
 
     out = tmp_path / "bf16.json"
     assert main(["bench", "decode", "--dtype", "bfloat16", "--gamma", "2", "--temperature", "0,1", "--batch", "1",
@@ -351,8 +352,8 @@ def test_bench_decode_runs_the_shipped_pair_in_bfloat16(tmp_path):
 
 def test_the_gpu_sections_race_runs_on_tiny_checkpoints(tmp_path):
     # chapter 08 calls race_public_pair on CUDA with a public pair; here the same code on CPU, offline
-    from speculative.bench import race_public_pair
-    from speculative.hf import public_pair_names
+    from speculative.engine.hf import public_pair_names
+    from speculative.measure.bench import race_public_pair
 
     tokenizer = byte_tokenizer()
     for name, model in (("t", tiny("gpt2", 1, vocab=256, context=512)),

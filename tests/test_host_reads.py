@@ -13,12 +13,12 @@ construction (every per-row decision is a ``torch.where``).
 import pytest
 import torch
 
-from speculative.decode import DecodingError, plain_decode, speculative_decode
-from speculative.pair import load_pair
-from speculative.policy import make_policy
-from speculative.sampler import rejection_sample
-from speculative.timing import count_host_reads
-from speculative.transforms import SamplingConfig
+from speculative.engine.decode import DecodingError, plain_decode, speculative_decode
+from speculative.engine.pair import load_pair
+from speculative.engine.policy import make_policy
+from speculative.engine.timing import count_host_reads
+from speculative.sampling.sampler import rejection_sample
+from speculative.sampling.transforms import SamplingConfig
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from speculative.model import GPT, GPTConfig
+from speculative.engine.model import GPT, GPTConfig
 
 CONFIG = GPTConfig(context=64, n_layer=2, n_head=2, d_model=32)
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import TINY, save_tiny_pair
-from speculative import corpus
-from speculative.model import GPT, GPTConfig
-from speculative.pair import PAIR_DIR, PAIR_FILES, load_pair, sha256_file
-from speculative.train import TrainConfig, bits_per_byte, byte_tensor, get_pair, train_model
+from speculative.engine.model import GPT, GPTConfig
+from speculative.engine.pair import PAIR_DIR, PAIR_FILES, load_pair, sha256_file
+from speculative.training import corpus
+from speculative.training.train import TrainConfig, bits_per_byte, byte_tensor, get_pair, train_model
 
 
 def test_corpus_is_the_stdlib_split_by_file():
@@ -128,7 +128,7 @@ def test_get_pair_can_train_a_small_one(tmp_path):
 
 
 def test_save_pair_refuses_a_full_folder_and_replaces_it_only_when_asked(tmp_path, tiny_pair_dir):
-    from speculative.pair import save_pair
+    from speculative.engine.pair import save_pair
 
     pair = load_pair(tiny_pair_dir)
     args = (pair.target, pair.draft, {"note": "second"}, {"log": []}, pair.prompts)

@@ -10,10 +10,11 @@ from fractions import Fraction as F
 import pytest
 import torch
 
-from speculative import pitfalls, stats
-from speculative.pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
-from speculative.rule import output_distribution, total_variation
-from speculative.sampler import rejection_sample
+from speculative.audit import pitfalls
+from speculative.audit.pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
+from speculative.exact.rule import output_distribution, total_variation
+from speculative.sampling import stats
+from speculative.sampling.sampler import rejection_sample
 
 POWER = 1 - 1e-4
 
@@ -29,7 +30,7 @@ def test_at_least_ten_pitfalls_each_documented():
 def test_exact_correct_is_the_rule():
     import random
 
-    from speculative.exact import random_rational_distribution
+    from speculative.exact.exact import random_rational_distribution
 
     assert pitfalls.exact_correct(list(SEED_P), list(SEED_Q)) == extend(output_distribution(SEED_P, SEED_Q))
     rng = random.Random(5)  # the gallery's listing and the rule's closed form agree on any pair, zeros included
@@ -63,7 +64,7 @@ def test_every_pitfall_is_wrong_on_its_demo_pair(pitfall):
 def test_the_pruning_fix_is_exact_on_many_pairs():
     import random
 
-    from speculative.exact import random_rational_distribution
+    from speculative.exact.exact import random_rational_distribution
 
     rng = random.Random(4)
     for _ in range(300):

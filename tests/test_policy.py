@@ -1,4 +1,4 @@
-"""Draft lengths chosen on the fly (speculative.policy): exact proofs that past-only policies keep the
+"""Draft lengths chosen on the fly (speculative.engine.policy): exact proofs that past-only policies keep the
 target's law, the exact counterexample of a policy that peeks at the target, and the policies in the engine.
 
 The exact tests enumerate every branch with Fractions (no sampling, no false alarms): a policy keeps the
@@ -11,8 +11,19 @@ from fractions import Fraction
 import pytest
 import torch
 
-from speculative.decode import plain_decode, speculative_decode
-from speculative.exact import (
+from speculative.audit.pitfalls import SEED_P, SEED_Q, PeekAtTargetLength, find
+from speculative.engine.decode import plain_decode, speculative_decode
+from speculative.engine.pair import load_pair
+from speculative.engine.policy import (
+    ConfidenceStop,
+    CostModelPolicy,
+    DraftPolicy,
+    FixedLength,
+    HeuristicSchedule,
+    expected_tokens,
+    make_policy,
+)
+from speculative.exact.exact import (
     RandomTableModel,
     adaptive_block_law,
     adaptive_sequence_law,
@@ -22,18 +33,7 @@ from speculative.exact import (
     target_sequence_law,
     verify_drafts_law,
 )
-from speculative.pair import load_pair
-from speculative.pitfalls import SEED_P, SEED_Q, PeekAtTargetLength, find
-from speculative.policy import (
-    ConfidenceStop,
-    CostModelPolicy,
-    DraftPolicy,
-    FixedLength,
-    HeuristicSchedule,
-    expected_tokens,
-    make_policy,
-)
-from speculative.transforms import SamplingConfig
+from speculative.sampling.transforms import SamplingConfig
 
 
 class EveryHistory(DraftPolicy):
@@ -82,7 +82,7 @@ def test_the_same_policies_keep_the_law_under_block_verification(policy, seed):
 
 def test_a_confidence_stop_really_changes_the_block_verification_law():
     # the check above is not vacuous: the stop changes what one block emits, and how many tokens
-    from speculative.exact import block_verification_law, expected_length
+    from speculative.exact.exact import block_verification_law, expected_length
 
     stop = ConfidenceStop(threshold=0.4, max_gamma=3).stop_after
     changed = 0
@@ -167,7 +167,7 @@ def test_the_heuristic_follows_its_rule_block_by_block(pair):
 
 
 def test_the_cost_model_policy_fits_noisy_verification_costs_non_decreasing():
-    from speculative.policy import isotonic
+    from speculative.engine.policy import isotonic
 
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert isotonic([1.5, 1.71, 1.51, 1.38]) == pytest.approx([1.5] + [(1.71 + 1.51 + 1.38) / 3] * 3)
@@ -221,7 +221,7 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
 def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
     """On tiny models a block can time faster than its draft steps (CI saw v(7) = -0.28): the loop's v is
     then unmeasurable, so v_alone stands in, is listed, and the cost model still builds."""
-    from speculative.analysis import calibration_costs, step_costs
+    from speculative.measure.analysis import calibration_costs, step_costs
 
     seconds = {"plain": 2.0, "draft": 1.0, "block_1": 3.0, "block_2": 1.9, "verify_1": 2.2, "verify_2": 2.4}
     costs = step_costs(seconds, [1, 2], seconds["plain"])
@@ -233,7 +233,7 @@ def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
 
 
 def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
-    from speculative.analysis import length_prices
+    from speculative.measure.analysis import length_prices
 
     def row(gamma, predicted, v, runs, **extra):
         return {"batch": 1, "temperature": 1.0, "gamma": gamma, "rule": "token", "drafts": 1, "predicted": predicted,
@@ -262,7 +262,7 @@ def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
 def test_bench_decode_gamma_auto_records_the_policy(tiny_pair_dir, tmp_path):
     import json
 
-    from speculative.__main__ import main
+    from speculative.cli import main
 
     out = tmp_path / "auto.json"
     # batch 1 only (test_records' fresh record runs the cost model at batch 2 too): a calibration per point
@@ -283,9 +283,9 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     policy chooses by), not the raw timings: a calibration made to time v(2) falsely cheap shows which."""
     import json
 
-    import speculative.bench as bench
-    from speculative.__main__ import main
-    from speculative.analysis import calibration_costs, interpolated
+    import speculative.measure.bench as bench
+    from speculative.cli import main
+    from speculative.measure.analysis import calibration_costs, interpolated
 
     real, raw = bench.calibrate_steps, {}
 
@@ -324,7 +324,7 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     (["bench", "peer", "--policies", "auto,auto+"], "each optionally with +block"),
 ])
 def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_path):
-    from speculative.__main__ import main
+    from speculative.cli import main
 
     try:
         code = main([*argv, "--no-progress", "--out", str(tmp_path / "r.json")])
@@ -339,7 +339,7 @@ def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_pat
 def test_bench_peer_races_every_policy(tmp_path):
     import json
 
-    from speculative.__main__ import main
+    from speculative.cli import main
 
     out = tmp_path / "peer.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "1",
@@ -370,7 +370,7 @@ def test_bench_peer_races_every_policy(tmp_path):
 def test_the_race_decodes_a_block_policy_by_block_verification(pair):
     # bench peer's decoder for "auto+block" really runs the block rule: the same seed gives the block rule's
     # tokens, not the token-wise rule's
-    from speculative.bench import PeerSettings, _peer_decoders, split_policy
+    from speculative.measure.bench import PeerSettings, _peer_decoders, split_policy
 
     config = SamplingConfig(temperature=1.0)
     policy = make_policy("heuristic", gamma=4, max_gamma=8)
@@ -491,7 +491,7 @@ def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed, monkeypatch
         joint = shared_batch_law(target, draft, (0,), 3, policy, rows=2, rule=rule)
         assert law_total_variation(joint, product) == 0, (policy.describe(), rule)
     # not vacuous: some shared block of the confidence stop ended early, both rows having stopped
-    import speculative.exact as exact
+    import speculative.exact.exact as exact
 
     verified, real = [], exact.verify_drafts_law
     monkeypatch.setattr(exact, "verify_drafts_law", lambda *a: verified.append(len(a[3])) or real(*a))
@@ -501,7 +501,7 @@ def test_rows_sharing_blocks_keep_the_target_law_jointly(rule, seed, monkeypatch
 
 def test_verifying_given_drafts_sums_to_the_block_laws():
     # verify_drafts_law, averaged over the drafts' own probabilities, is the fixed-length block law
-    from speculative.exact import block_verification_law, speculative_block_law
+    from speculative.exact.exact import block_verification_law, speculative_block_law
 
     target, draft = RandomTableModel(3, 1), RandomTableModel(3, 51)
     for rule, reference in (("token", speculative_block_law), ("block", block_verification_law)):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import one_step_by_branches
-from speculative import rule
+from speculative.exact import rule
 
 
 @st.composite

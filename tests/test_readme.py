@@ -20,7 +20,7 @@ def test_the_readmes_python_examples_run():
 
 
 def test_every_command_the_readme_names_exists():
-    from speculative.__main__ import build_parser
+    from speculative.cli import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     named = set(re.findall(r"^\| `([a-z-]+)", README, re.M))

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from conftest import save_tiny_pair
-from speculative import analysis, records
-from speculative.book import results_dir
+from speculative.book.glue import results_dir
+from speculative.measure import analysis, records
 
 
 def normalised(value):
@@ -22,8 +22,8 @@ def fresh_records(tmp_path_factory):
     """A decode record (a fixed gamma and the cost model, two batch sizes, two repeats, and block
     verification at batch 1 greedily) and a sampler record, each measured once on a tiny pair and read
     back from JSON."""
-    from speculative.bench import bench_decode, bench_decode_runs, bench_sampler
-    from speculative.pair import load_pair
+    from speculative.engine.pair import load_pair
+    from speculative.measure.bench import bench_decode, bench_decode_runs, bench_sampler
 
     folder = tmp_path_factory.mktemp("records") / "pair"
     save_tiny_pair(folder)
@@ -66,7 +66,7 @@ def test_the_summary_means_what_the_old_benchmark_meant(fresh_records):
 
 
 def test_a_record_of_several_runs_keeps_each_run_whole_and_its_spread_is_theirs(fresh_records):
-    from speculative.bench import bench_decode_runs
+    from speculative.measure.bench import bench_decode_runs
 
     record = fresh_records["runs"] | {"file": "h.json"}
     assert record["config"]["runs"] == len(record["runs"]) == 2 and "observations" not in record
@@ -87,7 +87,7 @@ def test_a_record_of_several_runs_keeps_each_run_whole_and_its_spread_is_theirs(
 
 
 def test_settings_listing_a_value_twice_are_refused():
-    from speculative.bench import DecodeSettings, PeerSettings, SamplerSettings
+    from speculative.measure.bench import DecodeSettings, PeerSettings, SamplerSettings
 
     for make in (lambda: DecodeSettings(batches=(1, 1)), lambda: DecodeSettings(temperatures=(1.0, 1.0)),
                  lambda: PeerSettings(temperatures=(0.0, 0.0)), lambda: SamplerSettings(vocabs=(16, 16))):
@@ -217,7 +217,7 @@ def test_across_records_gathers_one_configuration_and_leaves_out_other_pairs():
 def test_the_committed_records_hold_the_headline_configuration_several_times():
     """The results page's between-run spread: batch 1, gamma 4, token-wise, one chain, at T = 1 and greedily,
     each measured by at least three independent benchmark runs of the shipped pair."""
-    from speculative.book import load_records
+    from speculative.book.glue import load_records
 
     for temperature in (0.0, 1.0):
         found = analysis.across_records(load_records(), batch=1, gamma=4, temperature=temperature, rule="token",
@@ -240,7 +240,7 @@ def test_best_length_is_the_draft_length_with_the_highest_median_over_runs():
 
 
 def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
-    from speculative.analysis import head_to_head
+    from speculative.measure.analysis import head_to_head
 
     # speeds over each library's own plain decoding: run 1 alone would pick the confidence policy and the
     # heuristic schedule; the medians pick the others
@@ -267,7 +267,7 @@ def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
 
 
 def test_race_efficiency_pools_every_row_and_run_and_gives_each_run_its_median():
-    from speculative.analysis import race_efficiency
+    from speculative.measure.analysis import race_efficiency
 
     values = [[0.9, 1.0, 1.1], [0.8, 0.95, 1.2]]  # rows x runs
     results = [{"runs": [{"efficiency": v} for v in row]} for row in values]
@@ -304,7 +304,7 @@ def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():
     (book.named_drafts), each draft's exact acceptance rate agrees between the two records to float32
     round-off, at both temperatures: the rate is a property of the two models, not of the folder they came from.
     Naming a pair's own draft wrongly (the old pair's as the new one's) pairs different models and fails."""
-    from speculative.book import named_drafts
+    from speculative.book.glue import named_drafts
 
     folder = results_dir()
     shipped = named_drafts(records.read_record(folder / "agreement_cpu.json"))

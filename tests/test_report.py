@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from speculative.book import load_record
-from speculative.report import format_decode_table, format_peer_table, ratio_bound
+from speculative.book.glue import load_record
+from speculative.measure.report import format_decode_table, format_peer_table, ratio_bound
 
 
 @pytest.mark.parametrize("value, text", [(0.9969, "0.997"), (1.0031, "1.003"), (0.99996, "0.99996"),

@@ -5,7 +5,7 @@ from fractions import Fraction as F
 import pytest
 
 from conftest import one_step_by_branches
-from speculative import rule
+from speculative.exact import rule
 
 SEED_P = [F(1, 2), F(3, 10), F(1, 5)]  # target p over {A, B, C}
 SEED_Q = [F(1, 5), F(1, 2), F(3, 10)]  # draft q

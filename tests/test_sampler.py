@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from speculative import stats
-from speculative.sampler import (
+from speculative.sampling import stats
+from speculative.sampling.sampler import (
     Randomness,
     categorical,
     draw_randomness,
@@ -18,7 +18,7 @@ from speculative.sampler import (
     rejection_sample,
     sum_tolerance,
 )
-from speculative.transforms import SamplingConfig, logits_to_probs
+from speculative.sampling.transforms import SamplingConfig, logits_to_probs
 
 
 def _random_probs(shape, generator, sharpness=2.0):

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from speculative import stats
-from speculative.audit import ENGINE_MAX_ROWS, _sample_size, audit_engine
-from speculative.doors import openai_engine, served_engine
-from speculative.serving import (
+from speculative.audit.core import ENGINE_MAX_ROWS, _sample_size, audit_engine
+from speculative.audit.doors import openai_engine, served_engine
+from speculative.audit.serving import (
     HEAD_SIZE,
     SEED_GALLERY,
     SERVING_CASES,
@@ -34,6 +33,7 @@ from speculative.serving import (
     serving_probs,
     wrong_law,
 )
+from speculative.sampling import stats
 
 STUB = Path(__file__).with_name("serving_stub.py")
 TEMPLATE = f"{sys.executable} {STUB} --target {{target}} --draft {{draft}} --port {{port}}"
@@ -264,7 +264,7 @@ def test_a_server_that_answers_text_or_dies_fails_the_case_in_one_line(battery, 
 
 
 def test_a_url_that_refuses_connections_fails_in_one_line(battery):
-    from speculative.doors import free_port
+    from speculative.audit.doors import free_port
 
     engine = openai_engine(f"http://127.0.0.1:{free_port()}", timeout=5)
     report = audit_engine(engine, cases=[battery[1][0]], max_rows=100)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from speculative.serving_record import reanalyse
+from speculative.audit.serving_record import reanalyse
 
 RECORD = Path(__file__).resolve().parents[1] / "results" / "audits" / "engine_vllm_cpu.json"
 SPECULATIVE = ("draft_model", "draft_model_probs", "ngram", "block", "eagle")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from speculative import stats
+from speculative.sampling import stats
 
 P = [0.5, 0.3, 0.2]
 

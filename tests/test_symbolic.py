@@ -6,9 +6,9 @@ from fractions import Fraction as F
 import pytest
 import sympy as sp
 
-from speculative import symbolic
-from speculative.exact import random_rational_distribution
-from speculative.rule import acceptance_rate
+from speculative.exact import symbolic
+from speculative.exact.exact import random_rational_distribution
+from speculative.exact.rule import acceptance_rate
 
 
 def test_token_identities_hold_in_every_case():

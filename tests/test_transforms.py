@@ -5,7 +5,7 @@ from fractions import Fraction as F
 import pytest
 import torch
 
-from speculative.transforms import SamplingConfig, exact_transform, logits_to_probs
+from speculative.sampling.transforms import SamplingConfig, exact_transform, logits_to_probs
 
 
 def test_temperature_one_is_softmax():

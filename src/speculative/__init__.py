@@ -1,25 +1,21 @@
 """speculative: speculative sampling, exactly.
 
-The library behind the book. Notation: p = target distribution, q = draft distribution. The modules, each
-with one job (``defaults`` holds every default):
+The library behind the book. Notation: p = target distribution, q = draft distribution. Its subpackages are
+rings, each importing only from the rings before it (``tests/test_structure.py`` checks it):
 
-- exact, no torch: ``rule`` (the rule on any number type), ``exact`` (enumeration in fractions),
-  ``symbolic`` (SymPy derivations), ``pitfalls`` (wrong rules, exact and sampled);
-- torch: ``transforms`` (temperature, top-k, top-p, greedy), ``sampler`` (the batched rejection sampler),
-  ``model`` (a byte-level GPT with a static KV cache), ``decode`` (plain and speculative decoding),
-  ``evaluate`` (reference laws and scores from full forwards), ``timing`` (device-aware clocks);
-- ``stats`` (goodness of fit, TV bounds, sample sizes, the measured acceptance rate);
-- audits: ``audit`` (samplers and whole engines against exact laws), ``engines`` (the engine battery, the
-  reference engine and its gallery), ``serving`` (the serving battery of Llama folders, serving settings
-  and axes, the serving gallery), ``doors`` (vLLM in-process and OpenAI-compatible servers),
-  ``serving_record`` (serving records analysed again), ``vllm_plugin`` (the correction vLLM loads);
-- ``pair`` (save and load a checksummed model pair), ``corpus`` and ``train`` (how the pair is made),
-  ``bench`` (benchmarks: raw observations), ``records`` (their schema), ``analysis`` (every figure from
-  them), ``report`` (tables), ``book`` (what the chapters share), and the CLI
-  (``python -m speculative``).
+- ``exact``: the rule on any number type, enumeration in fractions, SymPy derivations; no torch;
+- ``sampling``: temperature, top-k, top-p and serving settings, the batched rejection sampler, statistics;
+- ``engine``: the byte-level GPT, decoding, draft-length policies, transformers models, the model pair,
+  reference laws, clocks;
+- ``training``: the corpus and how the pair is trained;
+- ``measure``: benchmarks (raw observations), candidate drafts, the record schema, analysis, tables;
+- ``audit``: samplers, engines and servers against exact laws, with their galleries, the doors to vLLM and
+  OpenAI-compatible servers, and the vLLM plugin;
+- ``book``: what the chapters share and their Colab editions; nothing else imports it.
 
-The names below are importable from ``speculative`` itself; importing the package loads torch only when
-one of the torch names is first used, so ``import speculative.rule`` stays torch-free.
+``defaults`` holds every default and ``cli`` the command line (``python -m speculative``). The names below
+are importable from ``speculative`` itself; importing the package loads torch only when one of the torch
+names is first used, so ``import speculative.exact.rule`` stays torch-free.
 """
 
 import os as _os
@@ -34,18 +30,18 @@ if _EXPECTED and not _Path(__file__).resolve().is_relative_to(_Path(_EXPECTED).r
     raise ImportError(f"speculative was imported from {__file__}, not from SPECULATIVE_PACKAGE_FROM={_EXPECTED}")
 
 _PUBLIC = {
-    "SamplingConfig": "transforms", "logits_to_probs": "transforms",
-    "rejection_sample": "sampler", "reference_rejection_sample": "sampler", "SamplerOutput": "sampler",
-    "Randomness": "sampler", "draw_randomness": "sampler",
-    "GPT": "model", "GPTConfig": "model",
-    "speculative_decode": "decode", "plain_decode": "decode", "prefill": "decode", "DecodeResult": "decode",
-    "exact_two_byte_law": "evaluate", "completion_bits_per_byte": "evaluate",
-    "Pair": "pair", "load_pair": "pair", "save_pair": "pair",
-    "train_pair": "train", "get_pair": "train",
-    "Clock": "timing", "environment": "timing",
-    "goodness_of_fit": "stats", "samples_needed": "stats", "measured_acceptance_rate": "stats",
-    "acceptance_rate": "rule", "output_distribution": "rule", "total_variation": "rule",
-    "bench_decode": "bench", "bench_sampler": "bench",
+    "SamplingConfig": "sampling.transforms", "logits_to_probs": "sampling.transforms",
+    "rejection_sample": "sampling.sampler", "reference_rejection_sample": "sampling.sampler",
+    "SamplerOutput": "sampling.sampler", "Randomness": "sampling.sampler", "draw_randomness": "sampling.sampler",
+    "GPT": "engine.model", "GPTConfig": "engine.model", "speculative_decode": "engine.decode",
+    "plain_decode": "engine.decode", "prefill": "engine.decode", "DecodeResult": "engine.decode",
+    "exact_two_byte_law": "engine.evaluate", "completion_bits_per_byte": "engine.evaluate", "Pair": "engine.pair",
+    "load_pair": "engine.pair", "save_pair": "engine.pair", "train_pair": "training.train",
+    "get_pair": "training.train", "Clock": "measure.timing", "environment": "measure.timing",
+    "goodness_of_fit": "sampling.stats", "samples_needed": "sampling.stats",
+    "measured_acceptance_rate": "sampling.stats", "acceptance_rate": "exact.rule",
+    "output_distribution": "exact.rule", "total_variation": "exact.rule", "bench_decode": "measure.bench",
+    "bench_sampler": "measure.bench",
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -1,6 +1,6 @@
 """Every default in one place: the shipped pair's shapes and budgets, and the benchmarks' settings.
 
-The CLI, the library functions and :class:`speculative.model.GPTConfig` read these names; nothing else
+The CLI, the library functions and :class:`speculative.engine.model.GPTConfig` read these names; nothing else
 types them. Changing a value here changes it everywhere (``--help`` included).
 """
 
@@ -68,7 +68,7 @@ BENCH_PEER = {"temperatures": (0.0, 1.0), "gamma": 4, "schedules": ("default", "
 #: (transformers' default ``assistant_confidence_threshold``).
 CONFIDENCE_THRESHOLD = 0.4
 
-#: ``gpu-report`` (:mod:`speculative.gpu_report`) on one GPU: each step's sizes and the report's time budget in
+#: ``gpu-report`` (:mod:`speculative.measure.gpu_report`) on one GPU: each step's sizes and the report's time budget in
 #: seconds. Sized to fit about 8 minutes on one GPU (not yet measured there): the shipped pair's forwards
 #: cost about a millisecond on a GPU, so its sweep is dominated by the number of calls.
 GPU_REPORT = {

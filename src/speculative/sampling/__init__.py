@@ -1,0 +1,3 @@
+"""Sampling with torch: temperature, top-k, top-p and serving settings (``transforms``), the batched
+rejection sampler (``sampler``), and the statistics every test and audit uses (``stats``).
+"""

@@ -1,0 +1,2 @@
+"""How the pair is made: the stdlib corpus (``corpus``), training and the pair recipe (``train``).
+"""
