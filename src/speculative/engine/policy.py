@@ -215,14 +215,11 @@ class CostModelPolicy(DraftPolicy):
 
 
 def isotonic(values: list) -> list:
-    """Return the non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators)."""
-    blocks = []  # [mean, count] of pooled runs
-    for value in values:
-        blocks.append([float(value), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean_a, n_a), (mean_b, n_b) = blocks[-2], blocks.pop()
-            blocks[-1] = [(mean_a * n_a + mean_b * n_b) / (n_a + n_b), n_a + n_b]
-    return [mean for mean, count in blocks for _ in range(count)]
+    """Return the non-decreasing sequence nearest ``values`` in least squares (SciPy's pool adjacent
+    violators, :func:`scipy.optimize.isotonic_regression`)."""
+    from scipy.optimize import isotonic_regression
+
+    return [float(value) for value in isotonic_regression([float(v) for v in values]).x]
 
 
 def _interpolate(known: list, k: int) -> float:

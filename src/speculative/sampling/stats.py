@@ -242,10 +242,8 @@ def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expect
     cells = pooled_share.size
     if cells < 2:
         return GofResult(0.0, 0, 1.0, int(n_a + n_b), cells, 0)
-    expected_a, expected_b = pooled_share * n_a, pooled_share * n_b
-    statistic = float(((a - expected_a) ** 2 / expected_a).sum() + ((b - expected_b) ** 2 / expected_b).sum())
-    dof = cells - 1
-    return GofResult(statistic, dof, float(sps.chi2.sf(statistic, dof)), int(n_a + n_b), cells, 0)
+    test = sps.chi2_contingency(np.vstack([a, b]), correction=False)  # Pearson's homogeneity test, 2 x cells
+    return GofResult(float(test.statistic), int(test.dof), float(test.pvalue), int(n_a + n_b), cells, 0)
 
 
 def power(n: int, null_probs: Sequence, alternative: Sequence, false_alarm: float = FALSE_ALARM_RATE) -> float:
