@@ -13,22 +13,18 @@ import torch
 
 from speculative.audit.core import ENGINE_MAX_ROWS, _sample_size, audit_engine
 from speculative.audit.doors import openai_engine, served_engine
+from speculative.audit.seeds import SEED_GALLERY, inverse_cdf, keyed_uniforms, seed_check_power, seed_checks
 from speculative.audit.serving import (
     HEAD_SIZE,
-    SEED_GALLERY,
     SERVING_CASES,
     SERVING_GALLERY,
     SERVING_TV,
     ServingConfig,
     _entry_cases,
     _enumerated_power,
-    inverse_cdf,
-    keyed_uniforms,
     offset_case,
     paired,
     positional_law,
-    seed_check_power,
-    seed_checks,
     serving_battery,
     serving_probs,
     wrong_law,
