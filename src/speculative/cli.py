@@ -1,8 +1,9 @@
-"""Command line: ``python -m speculative verify | audit | audit-engine | bench ... | gpu-report | train``.
+"""Command line: ``python -m speculative COMMAND``; ``--help`` lists the commands, each with its own help.
 
 Explained in: book/intro (how to run things) and notebooks/04_transforms (the sampler benchmark).
 
-Every default comes from :mod:`speculative.defaults` and is shown by ``--help``. A bad input ends the
+Every default is shown by ``--help``; most come from :mod:`speculative.defaults`, and some are still written
+next to their options. A bad input ends the
 program with exit status 2 and one line on stderr naming the problem, before any long work starts.
 """
 
@@ -113,12 +114,16 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu or cuda[:N]")
 
 
+def _no_progress(parser) -> None:
+    """The option every long-running command shares."""
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="{verify,audit,audit-engine,bench,gpu-report,train,train-draft}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     _add_verify_and_audit(commands, formatter)
     _add_audit_engine(commands, formatter)
@@ -155,7 +160,7 @@ def _add_verify_and_audit(commands, formatter) -> None:
                        "case; chapter 09 lists them), e.g. --case 'three-token' for a quick check")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON here")
     audit.add_argument("--seed", type=int, default=0, help="seed of the drafts and of the sampler's generator")
-    audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(audit)
     audit.set_defaults(run=_run_audit)
 
 
@@ -214,7 +219,7 @@ def _add_audit_engine(commands, formatter) -> None:
     audit.add_argument("--max-rows", type=int, default=None, help="cap on each case's sample")
     audit.add_argument("--json", default=None, metavar="FILE", help="also write the report(s) as JSON here")
     audit.add_argument("--seed", type=int, default=0, help="seed of the engine's generator")
-    audit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(audit)
     audit.set_defaults(run=_run_audit_engine)
 
 
@@ -370,7 +375,7 @@ def _add_bench_drafts(targets, formatter) -> None:
     prices.add_argument("--repeats", type=_int, default=p["repeats"], help="interleaved rounds (medians kept)")
     prices.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     prices.add_argument("--out", default=None, help="write the JSON record here, e.g. results/prices_cpu.json")
-    prices.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(prices)
     prices.set_defaults(run=_run_bench_prices)
     for name, what in (("agreement", "each draft's exact acceptance rate from full forwards on held-out contexts "
                                      "(nothing timed)"),
@@ -391,7 +396,7 @@ def _add_bench_drafts(targets, formatter) -> None:
             race.add_argument("--runs", type=_int, default=3, help="independent runs, one after another")
             race.add_argument("--calibration-repeats", type=_int, default=d["calibration_repeats"],
                               help="rounds of each draft's step calibration")
-            race.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+            _no_progress(race)
             race.add_argument("--no-profile", action="store_true",
                               help="skip the profile of a block that ends each run (bench.profile_block)")
             race.add_argument("--compiled", action="store_true",
@@ -472,7 +477,7 @@ def _add_bench_sampler(targets, formatter) -> None:
     sampler.add_argument("--seed", type=int, default=s["seed"], help="seed of the inputs and the uniforms")
     sampler.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     sampler.add_argument("--out", default=None, help="write the JSON record here, e.g. results/sampler_cpu.json")
-    sampler.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(sampler)
     sampler.set_defaults(run=_run_bench_sampler)
 
 
@@ -514,7 +519,7 @@ def _add_bench_decode(targets, formatter) -> None:
                              "the shipped prompts as text")
     decode.add_argument("--hf-draft", default=None, metavar="NAME|FOLDER", help="a transformers causal LM as the draft")
     decode.add_argument("--out", default=None, help="write the JSON record here, e.g. results/decode_cpu.json")
-    decode.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(decode)
     decode.set_defaults(run=_run_bench_decode)
 
 
@@ -551,7 +556,7 @@ def _add_bench_peer(targets, formatter) -> None:
                            "pair's own; both sides export it")
     peer.add_argument("--pair", default=None, help="folder of the model pair (default: the shipped pair)")
     peer.add_argument("--out", default=None, help="write the JSON record here, e.g. results/peer_hf_cpu.json")
-    peer.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _no_progress(peer)
     peer.set_defaults(run=_run_bench_peer)
 
 
@@ -603,7 +608,7 @@ def _add_train(commands, formatter) -> None:
                        help="start the draft from this pair folder's draft (same shape) and keep training it")
     train.add_argument("--seed", type=int, default=defaults.TRAIN_SEED, help="seed of weights and batches")
     train.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
-    train.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    _no_progress(train)
     train.set_defaults(run=_run_train)
 
 
@@ -683,7 +688,7 @@ def _add_train_draft(commands, formatter) -> None:
     draft.add_argument("--text-windows", type=_int, default=2048, help="windows of training text")
     draft.add_argument("--seed", type=int, default=defaults.TRAIN_SEED, help="seed of the windows and weights")
     draft.add_argument("--force", action="store_true", help="replace candidate folders that hold files")
-    draft.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    _no_progress(draft)
     draft.set_defaults(run=_run_train_draft)
     ship = commands.add_parser("ship-draft", help="write a pair whose draft is a candidate's: the target, prompts "
                                "and target's log copied byte for byte, the replaced pair listed in pair.json",
