@@ -223,8 +223,9 @@ def test_each_seeded_engine_keeps_the_law_and_fails_exactly_its_seed_checks(batt
 # --------------------------------------------------------------------------- the OpenAI door, over HTTP
 
 
-def _leftover_stubs() -> list:
-    found = subprocess.run(["pgrep", "-f", str(STUB)], capture_output=True, text=True)
+def _leftover_stubs(root) -> list:
+    """Stub servers still running on this module's battery (other pytest workers have their own folders)."""
+    found = subprocess.run(["pgrep", "-f", f"{STUB} --target {root}"], capture_output=True, text=True)
     return found.stdout.split()
 
 
@@ -242,7 +243,7 @@ def test_served_engine_passes_a_lawful_server_and_fails_a_wrong_one(battery):
     finally:
         wrong.close()
     assert not report.passed
-    assert _leftover_stubs() == []
+    assert _leftover_stubs(battery[0]) == []
 
 
 @pytest.mark.parametrize("flags, message", [(" --text", "answered text, not token ids"),
@@ -256,7 +257,7 @@ def test_a_server_that_answers_text_or_dies_fails_the_case_in_one_line(battery, 
         engine.close()
     (result,) = report.results
     assert not result.passed and message in result.detail and "\n" not in result.detail
-    assert _leftover_stubs() == []
+    assert _leftover_stubs(battery[0]) == []
 
 
 def test_a_url_that_refuses_connections_fails_in_one_line(battery):
