@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import TINY, save_tiny_pair
 from speculative.engine.model import GPT, GPTConfig
 from speculative.engine.pair import load_pair
-from speculative.measure import analysis
+from speculative.measure import analysis, analysis_drafts, analysis_prices
 from speculative.measure.drafts import (
     acceptance_from_forwards,
     compiled,
@@ -23,6 +23,7 @@ from speculative.measure.drafts import (
     training_summary,
     with_draft,
 )
+from speculative.measure.ranking import draft_ranking
 from speculative.sampling.transforms import SamplingConfig
 from speculative.training.train import DISTILL_OBJECTIVES, distill_loss, parse_candidate
 
@@ -203,7 +204,7 @@ def test_prices_are_relative_to_a_plain_forward_and_a_cliff_is_found_only_where_
     assert rows[("draft", "2x128")]["relative"] == pytest.approx(0.42 / 2.1)
     assert rows[("draft", "2x128")]["relative_range"] == pytest.approx([0.2, 0.2])
     # width 2 costs more than width 3 in every round; width 2 against 4 only in one of three
-    assert [(c["narrow"], c["wide"]) for c in analysis.price_cliffs(record)] == [(2, 3)]
+    assert [(c["narrow"], c["wide"]) for c in analysis_prices.price_cliffs(record)] == [(2, 3)]
 
 
 def test_the_ranking_prefers_the_draft_that_agrees_more_at_the_same_price_and_predicts_by_the_formula():
@@ -213,7 +214,7 @@ def test_the_ranking_prefers_the_draft_that_agrees_more_at_the_same_price_and_pr
     agreement = {"benchmark": "agreement", "drafts": {"a": {"draft_config": shape}, "b": {"draft_config": shape}},
                  "observations": [{"draft": "a", "temperature": 1.0, "rates": [0.6, 0.7, 0.65, 0.62]},
                                   {"draft": "b", "temperature": 1.0, "rates": [0.8, 0.85, 0.83, 0.9]}]}
-    ranking = analysis.draft_ranking(agreement, prices, gammas=range(1, 5))
+    ranking = draft_ranking(agreement, prices, gammas=range(1, 5))
     assert [r["draft"] for r in ranking] == ["b", "a"]
     best = ranking[0]
     alpha = sum([0.8, 0.85, 0.83, 0.9]) / 4
@@ -224,19 +225,19 @@ def test_the_ranking_prefers_the_draft_that_agrees_more_at_the_same_price_and_pr
     low, high = best["predicted_ci95"]
     assert low < best["predicted"] < high
     # by default every priced width is searched: widths 2..5 price gamma 1..4, the range passed above
-    assert analysis.draft_ranking(agreement, prices) == ranking
+    assert draft_ranking(agreement, prices) == ranking
     # a length whose verification width was not priced is refused, not skipped
     with pytest.raises(ValueError, match=r"gamma \[5, 6\]: the prices record priced no verification"):
-        analysis.draft_ranking(agreement, prices, gammas=range(1, 7))
+        draft_ranking(agreement, prices, gammas=range(1, 7))
     with pytest.raises(ValueError, match="no verification wider than one position"):
-        analysis.draft_ranking(agreement, _prices({"target_1": [1.0], "draft_2x128": [0.2]}))
+        draft_ranking(agreement, _prices({"target_1": [1.0], "draft_2x128": [0.2]}))
     agreement["drafts"]["a"]["draft_config"] = {"n_layer": 9, "d_model": 9}
     with pytest.raises(ValueError, match="no draft of shape 9x9"):
-        analysis.draft_ranking(agreement, prices)
+        draft_ranking(agreement, prices)
 
 
 def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_the_same(tmp_path):
-    from speculative.measure.bench import bench_drafts
+    from speculative.measure.bench_drafts import bench_drafts
     from speculative.measure.records import read_record, write_record
 
     save_tiny_pair(tmp_path / "pair")
@@ -256,10 +257,10 @@ def test_agreement_and_race_on_a_tiny_pair_record_what_they_ran_and_reanalyse_th
     # each run profiles the first draft's block: greedily on both paths, sampled on the one
     profiles = race["runs"][0]["profiles"]
     assert [(p["temperature"], p["fast_greedy"]) for p in profiles] == [(0.0, True), (0.0, False), (1.0, False)]
-    for figures in map(analysis.block_profile, profiles):
+    for figures in map(analysis_drafts.block_profile, profiles):
         assert 0 < figures["parts_outside_forwards"] < 1 and 0 < figures["runs_outside_forwards"] < 1
         assert sum(figures["share"].values()) == pytest.approx(1)
-    compared = analysis.compare_drafts(race, "shipped", "wide", temperature=1.0, gamma=2)
+    compared = analysis_drafts.compare_drafts(race, "shipped", "wide", temperature=1.0, gamma=2)
     assert len(compared) == 2 and all(math.isfinite(c["speedup_ratio"]) for c in compared)
     for record in (agreement, race):
         path = write_record(record, tmp_path / f"{record['benchmark']}.json")
@@ -304,7 +305,7 @@ def test_a_compiled_draft_decodes_the_same_tokens_and_races_under_its_own_name(t
     tokens and accepted counts (same seeds), and a race records which drafts were compiled. (One test:
     the first compile costs about a minute on a CPU.)"""
     from speculative.engine.decode import speculative_decode
-    from speculative.measure.bench import bench_drafts
+    from speculative.measure.bench_drafts import bench_drafts
 
     save_tiny_pair(tmp_path / "pair")
     pair = load_pair(tmp_path / "pair")
@@ -324,13 +325,13 @@ def test_a_compiled_draft_decodes_the_same_tokens_and_races_under_its_own_name(t
         compiled(fast)
 
 
-def test_the_race_command_adds_a_compiled_twin_of_each_draft_only_when_asked(tmp_path):
-    import argparse
-
-    from speculative.cli import _raced_drafts
+def test_the_race_adds_a_compiled_twin_of_each_draft_only_when_asked(tmp_path):
+    from speculative.engine.pair import load_pair
+    from speculative.measure.drafts import raced_drafts
 
     save_tiny_pair(tmp_path / "pair")
+    pair = load_pair(tmp_path / "pair")
     for flag, names in ((False, ["shipped"]), (True, ["shipped", "shipped+compiled"])):
-        _, drafts = _raced_drafts(argparse.Namespace(pair=str(tmp_path / "pair"), draft=[], compiled=flag))
+        drafts = raced_drafts(pair, [], with_compiled=flag)
         assert list(drafts) == names
         assert [bool(d.info.get("draft_compiled")) for d in drafts.values()] == [n.endswith("+compiled") for n in names]

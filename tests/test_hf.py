@@ -222,7 +222,7 @@ def test_a_draft_with_another_tokenizer_is_refused():
 
 
 def test_wrapped_models_refuse_what_they_cannot_do(pair):
-    from speculative.engine.decode import multi_draft_decode
+    from speculative.engine.multi_draft import multi_draft_decode
 
     target = wrap(tiny("gpt2", 1))
     with pytest.raises(TypeError, match="library's GPT only"):
@@ -296,7 +296,7 @@ def test_bench_peer_runs_keeps_each_race_and_the_range_of_ours_over_hf(tmp_path,
     import json
 
     from speculative.cli import main
-    from speculative.measure import analysis
+    from speculative.measure import analysis, lookup
 
     out = tmp_path / "peer_runs.json"
     assert main(["bench", "peer", "--prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--temperature", "1",
@@ -307,7 +307,7 @@ def test_bench_peer_runs_keeps_each_race_and_the_range_of_ours_over_hf(tmp_path,
     assert json.dumps(analysis.analyse(record), sort_keys=True) == json.dumps(record["results"], sort_keys=True)
     (row,) = record["results"]
     # each run's ratio is that run's own race, re-analysed alone; the range spans them
-    alone = [analysis.analyse(run)[0]["ours_over_hf_assisted"] for run in analysis.split_runs(record)]
+    alone = [analysis.analyse(run)[0]["ours_over_hf_assisted"] for run in lookup.split_runs(record)]
     assert row["ours_over_hf_assisted_runs"] == alone
     assert row["ours_over_hf_assisted_range"] == [min(alone), max(alone)]
     assert row["ours_speedup_range"][0] <= row["ours_speedup_median_run"] <= row["ours_speedup_range"][1]
@@ -353,7 +353,7 @@ def test_bench_decode_runs_the_shipped_pair_in_bfloat16(tmp_path):
 def test_the_gpu_sections_race_runs_on_tiny_checkpoints(tmp_path):
     # chapter 08 calls race_public_pair on CUDA with a public pair; here the same code on CPU, offline
     from speculative.engine.hf import public_pair_names
-    from speculative.measure.bench import race_public_pair
+    from speculative.measure.bench_peer import race_public_pair
 
     tokenizer = byte_tokenizer()
     for name, model in (("t", tiny("gpt2", 1, vocab=256, context=512)),

@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from speculative.audit.pitfalls import SEED_P, SEED_Q, PeekAtTargetLength, find
+from speculative.audit.pitfalls import find
 from speculative.engine.decode import plain_decode, speculative_decode
 from speculative.engine.pair import load_pair
 from speculative.engine.policy import (
@@ -33,6 +33,7 @@ from speculative.exact.exact import (
     target_sequence_law,
     verify_drafts_law,
 )
+from speculative.exact.pitfall_laws import SEED_P, SEED_Q, PeekAtTargetLength
 from speculative.sampling.transforms import SamplingConfig
 
 
@@ -221,7 +222,7 @@ def test_bad_policies_and_settings_fail_with_one_line(pair):
 def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
     """On tiny models a block can time faster than its draft steps (CI saw v(7) = -0.28): the loop's v is
     then unmeasurable, so v_alone stands in, is listed, and the cost model still builds."""
-    from speculative.measure.analysis import calibration_costs, step_costs
+    from speculative.measure.costs import calibration_costs, step_costs
 
     seconds = {"plain": 2.0, "draft": 1.0, "block_1": 3.0, "block_2": 1.9, "verify_1": 2.2, "verify_2": 2.4}
     costs = step_costs(seconds, [1, 2], seconds["plain"])
@@ -233,7 +234,7 @@ def test_a_noisy_calibration_falls_back_to_the_verification_timed_alone():
 
 
 def test_length_prices_price_the_fixed_lengths_and_a_clairvoyant_rule():
-    from speculative.measure.analysis import length_prices
+    from speculative.measure.costs import length_prices
 
     def row(gamma, predicted, v, runs, **extra):
         return {"batch": 1, "temperature": 1.0, "gamma": gamma, "rule": "token", "drafts": 1, "predicted": predicted,
@@ -283,11 +284,11 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     policy chooses by), not the raw timings: a calibration made to time v(2) falsely cheap shows which."""
     import json
 
-    import speculative.measure.bench as bench
+    import speculative.measure.bench_decode as bench_decode
     from speculative.cli import main
-    from speculative.measure.analysis import calibration_costs, interpolated
+    from speculative.measure.costs import calibration_costs, interpolated
 
-    real, raw = bench.calibrate_steps, {}
+    real, raw = bench_decode.calibrate_steps, {}
 
     def noisy(*args, **kwargs):  # v(2) timed at a tenth of v(1): a violation the fit pools away
         measured = real(*args, **kwargs)
@@ -298,7 +299,7 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
         assert raw[2] == pytest.approx(raw[1] / 10)
         return calibration
 
-    monkeypatch.setattr(bench, "calibrate_steps", noisy)
+    monkeypatch.setattr(bench_decode, "calibrate_steps", noisy)  # where bench decode looks it up
     out = tmp_path / "auto.json"
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "auto", "--temperature", "1",
                  "--batch", "1", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
@@ -319,9 +320,10 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "peer", "--policies", "best"], "expected distinct names among fixed, heuristic, confidence, auto"),
-    (["bench", "peer", "--policies", "auto+tree"], "each optionally with +block"),
-    (["bench", "peer", "--policies", "auto,auto+"], "each optionally with +block"),
+    (["bench", "peer", "--policies", "best"], "policies must be distinct names among fixed, heuristic, confidence, "
+                                              "auto"),
+    (["bench", "peer", "--policies", "auto+tree"], "the only suffix is +block"),
+    (["bench", "peer", "--policies", "auto,auto+"], "the only suffix is +block"),
 ])
 def test_bad_policy_settings_exit_2_with_one_line(argv, message, capsys, tmp_path):
     from speculative.cli import main
@@ -370,7 +372,8 @@ def test_bench_peer_races_every_policy(tmp_path):
 def test_the_race_decodes_a_block_policy_by_block_verification(pair):
     # bench peer's decoder for "auto+block" really runs the block rule: the same seed gives the block rule's
     # tokens, not the token-wise rule's
-    from speculative.measure.bench import PeerSettings, _peer_decoders, split_policy
+    from speculative.measure.bench_peer import _peer_decoders
+    from speculative.measure.settings import PeerSettings, split_policy
 
     config = SamplingConfig(temperature=1.0)
     policy = make_policy("heuristic", gamma=4, max_gamma=8)

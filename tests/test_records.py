@@ -8,7 +8,7 @@ import pytest
 
 from conftest import save_tiny_pair
 from speculative.book.glue import results_dir
-from speculative.measure import analysis, records
+from speculative.measure import analysis, analysis_decode, analysis_drafts, compare, lookup, records, shared
 
 
 def normalised(value):
@@ -23,7 +23,8 @@ def fresh_records(tmp_path_factory):
     verification at batch 1 greedily) and a sampler record, each measured once on a tiny pair and read
     back from JSON."""
     from speculative.engine.pair import load_pair
-    from speculative.measure.bench import bench_decode, bench_decode_runs, bench_sampler
+    from speculative.measure.bench_decode import bench_decode, bench_decode_runs
+    from speculative.measure.bench_sampler import bench_sampler
 
     folder = tmp_path_factory.mktemp("records") / "pair"
     save_tiny_pair(folder)
@@ -50,7 +51,7 @@ def test_a_fresh_records_summary_is_its_reanalysed_observations(fresh_records, b
 def test_the_summary_means_what_the_old_benchmark_meant(fresh_records):
     """The summary's main figures, recomputed here by hand from the observations."""
     record = fresh_records["decode"]
-    row = analysis.row_where(record, batch=2, temperature=1.0, gamma=2)
+    row = lookup.row_where(record, batch=2, temperature=1.0, gamma=2)
     timed = [o for o in record["observations"] if o["batch"] == 2 and not o.get("timing_run")]
     plain = [o["seconds"] - o["prefill_seconds"] for o in timed if o["decoder"] is None]
     spec = [o for o in timed if o["decoder"] == [2, "token", 1]]
@@ -66,11 +67,11 @@ def test_the_summary_means_what_the_old_benchmark_meant(fresh_records):
 
 
 def test_a_record_of_several_runs_keeps_each_run_whole_and_its_spread_is_theirs(fresh_records):
-    from speculative.measure.bench import bench_decode_runs
+    from speculative.measure.bench_decode import bench_decode_runs
 
     record = fresh_records["runs"] | {"file": "h.json"}
     assert record["config"]["runs"] == len(record["runs"]) == 2 and "observations" not in record
-    alone = analysis.split_runs(record)
+    alone = lookup.split_runs(record)
     assert [run["file"] for run in alone] == ["h.json run 1", "h.json run 2"]
     for run, kept in zip(alone, record["runs"]):
         assert run["environment"] == kept["environment"] and run["observations"] == kept["observations"]
@@ -79,15 +80,15 @@ def test_a_record_of_several_runs_keeps_each_run_whole_and_its_spread_is_theirs(
     row = record["results"][0]
     assert row["speedup_runs"] == [run["results"][0]["speedup"] for run in alone]
     assert row["speedup_range"] == [min(row["speedup_runs"]), max(row["speedup_runs"])]
-    spread = analysis.across_records([record], batch=1, temperature=1.0, gamma=2)
+    spread = compare.across_records([record], batch=1, temperature=1.0, gamma=2)
     assert spread["n"] == 2 and [spread["low"], spread["high"]] == row["speedup_range"]
-    assert analysis.split_runs(fresh_records["decode"]) == [fresh_records["decode"]]
+    assert lookup.split_runs(fresh_records["decode"]) == [fresh_records["decode"]]
     with pytest.raises(ValueError, match="runs must be"):
         bench_decode_runs(None, runs=0)
 
 
 def test_settings_listing_a_value_twice_are_refused():
-    from speculative.measure.bench import DecodeSettings, PeerSettings, SamplerSettings
+    from speculative.measure.settings import DecodeSettings, PeerSettings, SamplerSettings
 
     for make in (lambda: DecodeSettings(batches=(1, 1)), lambda: DecodeSettings(temperatures=(1.0, 1.0)),
                  lambda: PeerSettings(temperatures=(0.0, 0.0)), lambda: SamplerSettings(vocabs=(16, 16))):
@@ -161,33 +162,33 @@ def test_a_record_is_written_whole_or_not_at_all(tmp_path, fresh_records, monkey
 
 
 def test_intervals_say_which_side_of_one_they_lie():
-    assert analysis.interval_side([1.1, 1.4]) == "above" and analysis.interval_side([0.5, 0.9]) == "below"
-    assert analysis.interval_side([0.9, 1.2]) == "across"
-    assert analysis.interval_side([math.nan, math.nan]) == "across"
+    assert shared.interval_side([1.1, 1.4]) == "above" and shared.interval_side([0.5, 0.9]) == "below"
+    assert shared.interval_side([0.9, 1.2]) == "across"
+    assert shared.interval_side([math.nan, math.nan]) == "across"
 
 
 def test_lag1_autocorrelation_and_the_sequences_it_reads():
-    alternating, pairs = analysis.lag1_autocorrelation([[0, 1] * 4])
+    alternating, pairs = analysis_decode.lag1_autocorrelation([[0, 1] * 4])
     assert alternating == pytest.approx(-1.0) and pairs == 7
     # centred on 1/2: products +1/4 four times and -1/4 three times over 7 pairs, over a variance of 1/4
-    assert analysis.lag1_autocorrelation([[0, 0, 1, 1, 0, 0, 1, 1]])[0] == pytest.approx(1 / 7)
+    assert analysis_decode.lag1_autocorrelation([[0, 0, 1, 1, 0, 0, 1, 1]])[0] == pytest.approx(1 / 7)
     # two rows, each constant: pooled, they differ (a positive correlation); within rows, nothing is left
     rows = [[0, 0, 0], [2, 2, 2]]
-    assert analysis.lag1_autocorrelation(rows)[0] == pytest.approx(1.0)
-    assert math.isnan(analysis.lag1_autocorrelation(rows, within_row=True)[0])
+    assert analysis_decode.lag1_autocorrelation(rows)[0] == pytest.approx(1.0)
+    assert math.isnan(analysis_decode.lag1_autocorrelation(rows, within_row=True)[0])
     decoded = [{"batch": 2, "accepted_per_block": [[1, -1], [2, 3, -1]]}, {"batch": 1, "accepted_per_block": [[4, 0]]}]
-    assert analysis.block_sequences(decoded) == [[4, 0], [2, 3]]  # prompt 0 from batch 1, prompt 1 from batch 2
+    assert analysis_decode.block_sequences(decoded) == [[4, 0], [2, 3]]  # prompt 0 from batch 1, prompt 1 from batch 2
 
 
 def test_rows_are_looked_up_by_their_fields_and_a_miss_names_itself():
     record = {"benchmark": "decode", "results": [{"batch": 1, "gamma": 4}, {"batch": 1, "gamma": 4, "rule": "block"},
                                                  {"batch": 4, "gamma": 4, "rule": "token"}]}
-    assert analysis.row_where(record, batch=1, rule="token") == {"batch": 1, "gamma": 4}  # no rule: token-wise
-    assert analysis.rows_where(record, gamma=4, drafts=1) == record["results"]
+    assert lookup.row_where(record, batch=1, rule="token") == {"batch": 1, "gamma": 4}  # no rule: token-wise
+    assert lookup.rows_where(record, gamma=4, drafts=1) == record["results"]
     with pytest.raises(ValueError, match="3 rows of the decode record have gamma=4; expected one"):
-        analysis.row_where(record, gamma=4)
+        lookup.row_where(record, gamma=4)
     with pytest.raises(ValueError, match="0 rows"):
-        analysis.row_where(record, batch=16)
+        lookup.row_where(record, batch=16)
 
 
 def _run(file, speedup, *, date="2026-11-30", pair="p", prompts="s", n_prompts=32, tokens=128, **row):
@@ -205,13 +206,13 @@ def test_across_records_gathers_one_configuration_and_leaves_out_other_pairs():
             _run("e.json", 5.0, pair="other"),   # another pair: named, left out
             _run("f.json", 5.0, tokens=64),      # fewer tokens per prompt: left out
             {"file": "g.json", "benchmark": "sampler", "results": {"not": "rows"}, "config": {}}]
-    found = analysis.across_records(runs, batch=1, temperature=1.0, gamma=4, rule="token")
+    found = compare.across_records(runs, batch=1, temperature=1.0, gamma=4, rule="token")
     assert [r["file"] for r in found["runs"]] == ["a.json", "b.json", "c.json"]
     assert (found["n"], found["low"], found["high"], found["median"]) == (3, 1.4, 1.7, 1.5)
     assert found["left_out"] == ["e.json", "f.json"]
     assert found["runs"][0]["speedup_ci95"] == [1.4, 1.6] and found["runs"][0]["date"] == "2026-11-30"
     with pytest.raises(ValueError, match="no record has one row"):
-        analysis.across_records(runs, batch=16, temperature=1.0)
+        compare.across_records(runs, batch=16, temperature=1.0)
 
 
 def test_the_committed_records_hold_the_headline_configuration_several_times():
@@ -220,7 +221,7 @@ def test_the_committed_records_hold_the_headline_configuration_several_times():
     from speculative.book.glue import load_records
 
     for temperature in (0.0, 1.0):
-        found = analysis.across_records(load_records(), batch=1, gamma=4, temperature=temperature, rule="token",
+        found = compare.across_records(load_records(), batch=1, gamma=4, temperature=temperature, rule="token",
                                         drafts=1)
         assert found["n"] >= 3 and not found["left_out"], found
         assert found["low"] <= found["median"] <= found["high"]
@@ -234,13 +235,13 @@ def test_best_length_is_the_draft_length_with_the_highest_median_over_runs():
     # gamma 4 wins the first run and has the single fastest run; gamma 6 has the highest median over runs
     record = {"results": [row(4, [2.5, 1.5, 1.6]), row(6, [2.0, 1.9, 1.95]), row(8, [1.0, 1.1, 1.2]),
                           {**row(6, [9.0, 9.0, 9.0]), "draft": "other"}]}
-    assert analysis.best_length(record, "d", 1.0)["gamma"] == 6
+    assert analysis_drafts.best_length(record, "d", 1.0)["gamma"] == 6
     with pytest.raises(ValueError, match="no draft 'd' at temperature 0"):
-        analysis.best_length(record, "d", 0.0)
+        analysis_drafts.best_length(record, "d", 0.0)
 
 
 def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
-    from speculative.measure.analysis import head_to_head
+    from speculative.measure.analysis_peer import head_to_head
 
     # speeds over each library's own plain decoding: run 1 alone would pick the confidence policy and the
     # heuristic schedule; the medians pick the others
@@ -267,7 +268,7 @@ def test_head_to_head_chooses_each_side_by_its_median_speedup_over_runs():
 
 
 def test_race_efficiency_pools_every_row_and_run_and_gives_each_run_its_median():
-    from speculative.measure.analysis import race_efficiency
+    from speculative.measure.analysis_drafts import race_efficiency
 
     values = [[0.9, 1.0, 1.1], [0.8, 0.95, 1.2]]  # rows x runs
     results = [{"runs": [{"efficiency": v} for v in row]} for row in values]
@@ -283,19 +284,19 @@ def test_a_race_names_the_pairs_own_draft_by_the_pair_it_was_made_with():
     record = {"pair_sha256": "a" * 64, "drafts": {"shipped": {"x": 1}, "tv128b": {"x": 2}},
               "config": {"drafts": [1]}, "results": [{"draft": "shipped", "runs": [{"draft": "shipped"}]}],
               "runs": [{"observations": [{"draft": "tv128b"}, {"draft": "shipped"}]}]}
-    names = analysis.draft_names(record, "a" * 64, info)
+    names = analysis_drafts.draft_names(record, "a" * 64, info)
     assert names == {"shipped": "tv128c", "tv128b": "tv128b"}
-    renamed = analysis.rename_drafts(record, names)
+    renamed = analysis_drafts.rename_drafts(record, names)
     assert renamed == {"pair_sha256": "a" * 64, "drafts": {"tv128c": {"x": 1}, "tv128b": {"x": 2}},
                        "config": {"drafts": [1]}, "results": [{"draft": "tv128c", "runs": [{"draft": "tv128c"}]}],
                        "runs": [{"observations": [{"draft": "tv128b"}, {"draft": "tv128c"}]}]}
     assert record["drafts"].keys() == {"shipped", "tv128b"}  # the record itself is left as it was
     older = dict(record, pair_sha256="b" * 64)
-    assert analysis.draft_names(older, "a" * 64, info)["shipped"] == "original"
+    assert analysis_drafts.draft_names(older, "a" * 64, info)["shipped"] == "original"
     with pytest.raises(ValueError, match="made with pair cccccccccccc, neither the shipped pair"):
-        analysis.draft_names(dict(record, pair_sha256="c" * 64), "a" * 64, info)
+        analysis_drafts.draft_names(dict(record, pair_sha256="c" * 64), "a" * 64, info)
     with pytest.raises(ValueError, match="already has a draft named 'tv128b'"):
-        analysis.draft_names(record, "a" * 64, {"shipped_draft": {"name": "tv128b"}})
+        analysis_drafts.draft_names(record, "a" * 64, {"shipped_draft": {"name": "tv128b"}})
 
 
 def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():

@@ -8,7 +8,7 @@ step in plain steps; and v(gamma), a verification over gamma + 1 positions in pl
 measures the last two for drafts of any shape (a forward's cost does not depend on the weights, so a
 random model of the shape is timed) and computes the first for a trained draft on held-out contexts
 before any decoding run, so that drafts can be ranked by the cost model's predicted speedup
-(:func:`analysis.draft_ranking`). Measuring writes raw seconds and per-context rates; the figures come from
+(:func:`ranking.draft_ranking`). Measuring writes raw seconds and per-context rates; the figures come from
 :mod:`analysis`.
 
 A candidate draft is kept in a folder of its own (``draft.safetensors``, ``draft.json``, ``SHA256SUMS``),
@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
 from speculative import defaults
+from speculative.defaults import setting
 from speculative.engine.model import GPT, GPTConfig
 from speculative.engine.pair import Pair, _load_model, _weights, check_destination, sha256_file, write_checksummed
 from speculative.engine.timing import environment, median_call_seconds
 from speculative.sampling.transforms import SamplingConfig, logits_to_probs
 
-__all__ = ["DRAFT_FILES", "save_draft", "load_draft", "with_draft", "ship_draft", "same_target", "draft_training",
+__all__ = ["DistillSettings", "DRAFT_FILES", "save_draft", "load_draft", "with_draft", "raced_drafts", "ship_draft",
+           "same_target",
+           "draft_training",
            "measure_prices", "acceptance_from_forwards", "decode_contexts", "measure_agreement", "prices_record",
            "shape_name", "train_drafts"]
 DRAFT_FILES = ("draft.safetensors", "draft.json")
@@ -85,6 +88,20 @@ def with_draft(pair: Pair, folder: Path) -> Pair:
                                                   draft_from=str(folder), draft_sha256=digest,
                                                   draft_training=training_summary(info),
                                                   base_pair_sha256=pair.sha256), sha256=combined)
+
+
+def raced_drafts(pair: Pair, folders: Sequence[str] = (), with_compiled: bool = False) -> dict[str, Pair]:
+    """``{name: pair with that draft}`` for a race: the pair's own draft first, as ``shipped``, then the draft
+    in each folder under the folder's name; with ``with_compiled``, each also as ``NAME+compiled``."""
+    drafts = {"shipped": pair}
+    for folder in folders:
+        name = Path(folder).name
+        if name in drafts:
+            raise ValueError(f"two drafts are named {name!r}: give their folders different names")
+        drafts[name] = with_draft(pair, folder)
+    if with_compiled:
+        drafts.update({f"{name}+compiled": compiled(other) for name, other in drafts.items()})
+    return drafts
 
 
 def same_target(pair: Pair, pair_sha256: str) -> bool:
@@ -280,8 +297,8 @@ def measure_agreement(pair: Pair, drafts: dict, temperatures: Sequence[float] = 
     (:func:`acceptance_from_forwards`). ``drafts`` maps a name to a pair sharing ``pair``'s target.
     Nothing is timed; the figures come from :func:`analysis.analyse`.
     """
-    from speculative.measure.analysis import tokens_hash
     from speculative.measure.records import SCHEMA_VERSION
+    from speculative.measure.shared import tokens_hash
     from speculative.training.corpus import load_corpus
     from speculative.training.train import make_prompts
 
@@ -328,8 +345,25 @@ def prices_record(target: GPT, shapes: Sequence[dict], widths: Sequence[int], ro
             "observations": raw["rounds"]}
 
 
-def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_windows: int = 2048,
-                 text_windows: int = 2048, seed: int = defaults.TRAIN_SEED, device: str = "cpu",
+@dataclass(frozen=True)
+class DistillSettings:
+    """The windows every candidate draft distils on (:func:`train_drafts`), and their seed."""
+
+    sampled_windows: int = setting(defaults.DISTILL_WINDOWS["sampled"], "windows of the target's own samples")
+    text_windows: int = setting(defaults.DISTILL_WINDOWS["text"], "windows of training text")
+    seed: int = setting(defaults.TRAIN_SEED, "seed of the windows and weights")
+
+    def __post_init__(self):
+        for name in ("sampled_windows", "text_windows"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict],
+                 sampled_windows: int = defaults.DISTILL_WINDOWS["sampled"],
+                 text_windows: int = defaults.DISTILL_WINDOWS["text"], seed: int = defaults.TRAIN_SEED,
+                 device: str = "cpu",
                  progress: bool = True, overwrite: bool = False) -> dict:
     """Train each candidate draft (:func:`train.parse_candidate`) by distillation from ``pair``'s target and
     save it under ``out/NAME`` (:func:`save_draft`); return {name: sha256}.
@@ -339,6 +373,8 @@ def train_drafts(pair: Pair, out: Path, candidates: Sequence[dict], sampled_wind
     the target's log-probabilities at every position. Each trains for its own seconds, pure distillation
     (no cross-entropy term), from the pair's draft (``init``) or from a fresh initialisation.
     """
+    if len({c["name"] for c in candidates}) != len(candidates):
+        raise ValueError("two candidates share a name")
     from speculative.training.corpus import load_corpus
     from speculative.training.train import TrainConfig, joined, target_samples, train_model
 

@@ -5,8 +5,8 @@ Explained in: notebooks/08_decoding_demo (its GPU section).
 It measures, step by step, and writes each step's record (:mod:`speculative.measure.records`) into ``out_dir``
 (default ``results/``) as soon as the step ends:
 
-1. ``sampler_gpu.json``: :func:`bench.bench_sampler`, the batched sampler against the per-row reference.
-2. ``decode_gpu.json``: :func:`bench.bench_decode` on the shipped pair: plain decoding against each fixed
+1. ``sampler_gpu.json``: :func:`bench_sampler.bench_sampler`, the batched sampler against the per-row reference.
+2. ``decode_gpu.json``: :func:`bench_decode.bench_decode` on the shipped pair: plain decoding against each fixed
    draft length, greedy and sampled, at two batch sizes.
 3. ``syncs_gpu.json``: the host synchronisations of one speculative decoding call per batch size and
    temperature, per block, counted twice: by ``torch.cuda.set_sync_debug_mode("warn")`` (the waits the
@@ -14,7 +14,7 @@ It measures, step by step, and writes each step's record (:mod:`speculative.meas
    CPU has no such mode; a CPU run records ``cuda_syncs`` as null.
 4. ``prices_gpu.json``: :func:`drafts.prices_record`, the forwards' price list: the target over 1-9
    positions and random drafts of several shapes over one (the cost side of "which draft?").
-5. ``peer_public_gpu.json`` and ``decode_public_gpu.json``: :func:`bench.race_public_pair` on
+5. ``peer_public_gpu.json`` and ``decode_public_gpu.json``: :func:`bench_peer.race_public_pair` on
    :func:`hf.public_pair_names`, in bfloat16 where the GPU supports it and float16 otherwise (a free T4
    has no bfloat16). Only when both checkpoints are already on disk: it never downloads, and otherwise
    says so in one line and skips.
@@ -29,14 +29,18 @@ its records are named ``*_cpu_smoke.json``, so that a test never overwrites a co
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from speculative import defaults
+from speculative.defaults import setting
+from speculative.engine.pair import check_device
 
 __all__ = ["gpu_report", "count_cuda_syncs", "measure_syncs", "public_dtype"]
 
@@ -132,7 +136,9 @@ def _prices(pair, sizes: dict) -> dict:
 
 def _steps(pair, sizes: dict, device: str, names: dict) -> list[tuple[str, Callable[[], dict]]]:
     """Return the report's steps in order: (record file stem, function returning the record)."""
-    from speculative.measure.bench import bench_decode, bench_sampler, race_public_pair
+    from speculative.measure.bench_decode import bench_decode
+    from speculative.measure.bench_peer import race_public_pair
+    from speculative.measure.bench_sampler import bench_sampler
 
     decode, public = sizes["decode"], sizes["public"]
     steps = [("sampler", lambda: bench_sampler(device=device, progress=False, **sizes["sampler"])),
@@ -149,6 +155,21 @@ def _steps(pair, sizes: dict, device: str, names: dict) -> list[tuple[str, Calla
 
     steps.append(("public", race))
     return steps
+
+
+@dataclass(frozen=True)
+class GPUReportSettings:
+    """Where ``gpu-report`` runs, where it writes, and its time budget."""
+
+    device: str = setting("cuda", "cuda[:N]; cpu runs every step at the smoke sizes, into *_cpu_smoke.json")
+    out_dir: str = setting("results", "folder for the records")
+    budget: float = setting(defaults.GPU_REPORT["budget_s"], "seconds after which the steps not yet started are "
+                            "skipped")
+
+    def __post_init__(self):
+        check_device(self.device, available=False)  # no CUDA here is gpu_report's own one-line error
+        if not 0 < self.budget < math.inf:
+            raise ValueError(f"budget must be a number of seconds > 0, got {self.budget!r}")
 
 
 def gpu_report(device: str = "cuda", out_dir="results", budget_s: float = defaults.GPU_REPORT["budget_s"],

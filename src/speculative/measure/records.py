@@ -1,91 +1,121 @@
-"""Benchmark records: what one is made of, writing one atomically, and reading one back.
+"""Records: what a benchmark record holds, writing one atomically, and reading one back checked.
 
-Explained in: notebooks/08_decoding_demo (the recorded runs).
+Explained in: notebooks/15_records (the recorded runs).
 
-A record is one JSON object. Its schema, version :data:`SCHEMA_VERSION`, is documented here and nowhere
-else:
-
-``schema``
-    :data:`SCHEMA_VERSION`. A record without it (written before observations were kept) is schema 1.
-``benchmark``
-    ``"sampler"``, ``"decode"`` or ``"peer"``: which :mod:`speculative.measure.bench` function wrote it;
-    ``"syncs"``: :func:`speculative.measure.gpu_report.measure_syncs`; ``"drafts"``:
-    :func:`speculative.measure.bench.bench_drafts`;
-    ``"prices"`` and ``"agreement"``: :func:`speculative.measure.drafts.prices_record` and
-    :func:`speculative.measure.drafts.measure_agreement`.
-``what``
-    one sentence: what was measured, side by side.
-``environment``
-    :func:`speculative.engine.timing.environment`: device, accelerator, torch, threads, CPU, Python, date, and
-    ``host_probe`` (:func:`speculative.engine.timing.host_probe`: a softmax's milliseconds and the first-touch
-    memory rate, taken as the run ends, when the record is written, so that a slow machine can be told
-    from slow code); the peer race adds transformers' version. The analysis reads none of it.
-``pair_sha256``, ``pair``, ``prompts_sha256``
-    (decode, peer) the model pair's checksum, its validation figures, and the prompts' checksum.
-``config``
-    every setting the run used (the benchmark's settings dataclass, as a dict), so that the analysis
-    needs nothing but the record.
-``observations``
-    the raw measurements, one object per timed call, each naming what it ran:
-
-    - sampler: one per (batch, vocab): ``batch``, ``vocab``, ``k``, and ``seconds``, a list of each
-      candidate's timed repeats (``batched``, ``reference``), interleaved.
-    - decode: one per (batch, temperature, decoder, repeat, group of prompts): ``decoder`` (``null`` for
-      plain decoding, else ``[gamma, rule, drafts]``), ``seconds`` (the whole call), ``prefill_seconds``,
-      ``target_seconds`` and ``draft_seconds`` (inside the forwards, when timed), ``timed_calls``,
-      ``accepted`` (per block, per row: accepted drafts, -1 where a row was not decoding), ``lengths``
-      (the cost-model policy only: per block, per row, the drafts verified), ``repeat_share`` (first
-      repeat: each row's share of repeated 8-grams) and ``timing_run`` (true for the extra run on CUDA
-      that times the forwards; its speed is not used).
-    - peer: one per (temperature, repeat, prompt, decoder name): ``seconds``, ``blocks`` (target calls
-      that emitted tokens), ``drafted``, ``accepted`` and ``tokens_sha256`` (of the emitted tokens,
-      to tell whether greedy decoders agreed).
-    - syncs: one per (batch, temperature): ``batch``, ``temperature``, ``gamma``, ``blocks`` (target
-      calls), ``cuda_syncs`` (what ``torch.cuda.set_sync_debug_mode("warn")`` reported; null on a CPU)
-      and ``host_reads`` (:func:`speculative.engine.timing.count_host_reads`).
-    - drafts: as decode, each with ``draft`` (the raced draft's name; null for the shared plain runs);
-      ``calibrations`` and ``forward_costs`` also carry ``draft``; the top-level ``drafts`` names each
-      raced draft with its hash, shape and where it came from; ``profiles`` (per run) the raw output of
-      :func:`speculative.measure.bench.profile_block` for the first draft.
-    - prices: ``{entry: [seconds per round]}``, entries ``target_W`` (the target over W positions) and
-      ``draft_LxW`` (a random draft of that shape over one), rounds interleaved; ``shapes`` gives each
-      shape's parameters.
-    - agreement: one per (draft, temperature): ``rates``, each held-out context's exact acceptance rate,
-      and ``contexts_sha256``; nothing timed, so its ``environment`` has no host probe.
-``calibrations``
-    (decode, peer, drafts) the raw seconds of :func:`speculative.measure.bench.calibrate_steps`, each with the
-    point it was taken at; in a drafts race they also hold ``plain_decoded`` and ``block_decoded_<gamma>``,
-    whole decoding calls on the prompts after those raced (``config.calibration_decodes``);
-    ``forward_costs`` (decode) the forwards timed alone.
-``runs``
-    (decode, ``bench decode --runs N``; peer, ``bench peer --runs N``) instead of ``environment``,
-    ``calibrations``, ``forward_costs`` (decode) and ``observations``: a list of N independent runs of the
-    same settings, made one after another, each holding those fields of its own; ``config`` adds
-    ``runs``: N. Each run's summary rows are those of a record of one run; the record's rows give, per
-    configuration, each run's row under ``runs``, and for each figure of
-    :data:`speculative.measure.analysis.RUN_FIGURES` a row has (decode: ``speedup``; peer:
-    ``ours_over_hf_assisted`` and ``ours_speedup``) ``<figure>_runs``, ``<figure>_range`` and
-    ``<figure>_median_run`` over them (:func:`speculative.measure.analysis.split_runs` reads one run as a record
-    of its own).
-``results``
-    the summary: :func:`speculative.measure.analysis.analyse` of everything above. Nothing else writes it, and
-    ``tests/test_records.py`` re-analyses every committed record of this schema and gets it back.
-
-Records of schema 1 (written before observations were kept) hold ``results`` only. Nothing in them can be
-re-analysed, so :func:`read_record` (and :func:`speculative.book.glue.load_record`, which the chapters use)
-refuses them with one line: re-record with the command in their ``config``. None is committed.
+A record is one JSON object, of schema :data:`SCHEMA_VERSION` (a record without ``schema``, written before
+observations were kept, is schema 1; nothing in it can be re-analysed, so :func:`read_record` refuses it in one
+line: re-record it). The schema is this code: :data:`KINDS` says, per kind of record (its ``benchmark``), the
+top-level fields it holds and the type of its summary rows (``results``), frozen dataclasses in
+:mod:`speculative.measure.rows`. Every record holds ``schema``, ``benchmark``, ``what`` (one sentence: what was
+measured, side by side), ``config`` (every setting the run used, so that the analysis needs nothing but the
+record) and ``results`` (:func:`speculative.measure.analysis.analyse` of the rest; nothing else writes it).
+A run's own fields (its ``environment``, :func:`speculative.engine.timing.environment`; its raw
+``observations``; calibrations) sit at the top level, or, in a record of several independent runs
+(``bench decode --runs N``), under ``runs``, one object per run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from speculative.measure.rows import (
+    AgreementRow,
+    DecodeRow,
+    DecodeRunsRow,
+    DraftsRow,
+    DraftsRunsRow,
+    PeerRow,
+    PeerRunsRow,
+    PricesRow,
+    SamplerRow,
+    SyncsRow,
+    row_problem,
+)
+
 SCHEMA_VERSION = 2
 
-__all__ = ["SCHEMA_VERSION", "write_record", "read_record", "schema_of"]
+__all__ = ["SCHEMA_VERSION", "Kind", "KINDS", "write_record", "read_record", "record_problem", "schema_of"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of record: what writes it, its fields, and the type of its summary rows."""
+    written_by: str
+    #: top-level fields besides schema, benchmark, what, config and results
+    fields: tuple[str, ...]
+    #: a run's own fields: at the top level, or in each entry of ``runs`` in a record of several runs
+    run_fields: tuple[str, ...]
+    row: type
+    #: the row of a record of several runs (None: this kind is never recorded over several runs)
+    runs_row: Optional[type] = None
+
+
+#: Every kind of record, by its ``benchmark``. Observations, one object per timed call, each naming what it ran:
+#: sampler, per (batch, vocab): ``seconds``, each candidate's timed repeats. decode, per (batch, temperature,
+#: decoder, repeat, group of prompts): ``decoder`` (null for plain decoding, else [gamma, rule, drafts]),
+#: ``seconds`` and ``prefill_seconds``, the forwards' ``target_seconds``/``draft_seconds``, ``accepted`` per block
+#: per row (-1 where a row was done), ``lengths`` (the cost-model policy), ``repeat_share``, ``timing_run`` (the
+#: extra run that times the forwards; its speed unused); drafts: the same, each naming its ``draft`` (null for
+#: the shared plain runs). peer, per (temperature, repeat, prompt, decoder): ``seconds``, ``blocks``,
+#: ``drafted``, ``accepted``, ``tokens_sha256``. syncs, per (batch, temperature): ``blocks``, ``cuda_syncs``,
+#: ``host_reads``. prices: {``target_W`` or ``draft_LxW``: seconds per round}. agreement, per (draft,
+#: temperature): each held-out context's exact acceptance ``rates``.
+KINDS = {
+    "sampler": Kind("speculative.measure.bench_sampler.bench_sampler", (), ("environment", "observations"), SamplerRow),
+    "syncs": Kind("speculative.measure.gpu_report.measure_syncs", ("pair_sha256",), ("environment", "observations"),
+                  SyncsRow),
+    "decode": Kind("speculative.measure.bench_decode.bench_decode", ("pair_sha256", "pair", "prompts_sha256"),
+                   ("environment", "calibrations", "forward_costs", "observations"), DecodeRow, DecodeRunsRow),
+    "drafts": Kind("speculative.measure.bench_drafts.bench_drafts", ("pair_sha256", "prompts_sha256", "drafts"),
+                   ("environment", "calibrations", "forward_costs", "observations", "profiles"), DraftsRow,
+                   DraftsRunsRow),
+    "peer": Kind("speculative.measure.bench_peer.bench_peer", ("pair_sha256", "prompts_sha256"),
+                 ("environment", "calibrations", "observations"), PeerRow, PeerRunsRow),
+    "prices": Kind("speculative.measure.drafts.prices_record", ("target_parameters", "shapes"),
+                   ("environment", "observations"), PricesRow),
+    "agreement": Kind("speculative.measure.drafts.measure_agreement", ("pair_sha256", "drafts"),
+                      ("environment", "observations"), AgreementRow),
+}
+#: the fields of every record
+COMMON_FIELDS = ("schema", "benchmark", "what", "config", "results")
+
+
+def _row_name(row, i: int) -> str:
+    """A row named by its place and the fields that say what it measured (``results[3] (batch=1, gamma=4)``)."""
+    shown = ["draft", "batch", "k", "vocab", "temperature", "gamma", "rule", "drafts", "policy", "hf_schedule", "kind",
+             "width", "shape"]
+    named = ", ".join(f"{k}={row[k]!r}" for k in shown if isinstance(row, dict) and k in row)
+    return f"results[{i}]" + (f" ({named})" if named else "")
+
+
+def record_problem(record: dict) -> Optional[str]:
+    """Return what makes ``record`` not a record of this schema, in one line, or None: an unknown kind, a
+    top-level field missing (in the record, or in one of its runs), or a summary row that is not of its kind's
+    row type (:func:`speculative.measure.rows.row_problem`)."""
+    kind = KINDS.get(record.get("benchmark"))
+    if kind is None:
+        return f"unknown benchmark {record.get('benchmark')!r}: expected one of {', '.join(KINDS)}"
+    several = "runs" in record and kind.runs_row is not None
+    missing = [k for k in COMMON_FIELDS + kind.fields + (("runs",) if several else kind.run_fields)
+               if k not in record]
+    if missing:
+        return f"a {record['benchmark']} record lacks {', '.join(map(repr, missing))}"
+    runs = record["runs"] if several else []
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        return "its 'runs' is not a list of objects"
+    for i, run in enumerate(runs):
+        lacking = [k for k in kind.run_fields if k not in run]
+        if lacking:
+            return f"runs[{i}] lacks {', '.join(map(repr, lacking))}"
+    if not isinstance(record["results"], list):
+        return f"its 'results' is {type(record['results']).__name__}, not a list of rows"
+    row_type = kind.runs_row if several else kind.row
+    return next((p for i, row in enumerate(record["results"]) if (p := row_problem(row_type, row, _row_name(row, i)))),
+                None)
 
 
 def schema_of(record: dict) -> int:
@@ -113,7 +143,9 @@ def write_record(record: dict, path: Optional[str]) -> Optional[Path]:
 
 
 def read_record(path) -> dict:
-    """Return the record at ``path``; a ValueError names a file that is not a record of this schema."""
+    """Return the record at ``path``, its summary rows checked against its kind's row type (:data:`KINDS`) and
+    returned as the dicts they are in the file; a ValueError names, in one line, a file that is not a record of
+    this schema, and what is wrong with it (:func:`record_problem`)."""
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -136,4 +168,7 @@ def read_record(path) -> dict:
         raise ValueError(f"{path} is a schema-{version} record (this library reads schema {SCHEMA_VERSION}); "
                          f"re-record it with python -m speculative bench {record['benchmark']} and the settings "
                          "in its config")
+    problem = record_problem(record)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return record

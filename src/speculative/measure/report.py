@@ -13,6 +13,8 @@ from fractions import Fraction
 from numbers import Rational
 from typing import Optional
 
+from tabulate import tabulate
+
 
 class Shown:
     """A value whose plain-text form is ``text``: ``{glue:text}`` prints it as is, without quotes."""
@@ -95,14 +97,13 @@ def ratio_bound(value: float, digits: int = 2) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
-    """Return a table: plain text, columns right-aligned (for a terminal), or Markdown (for a page)."""
+    """Return a table of cells already formatted, every column right-aligned, by :func:`tabulate.tabulate`: plain
+    text (for a terminal) or a Markdown pipe table (for a page), then the notes under it."""
+    table = tabulate(rows, headers, tablefmt="pipe" if markdown else "plain", colalign=("right",) * len(headers),
+                     disable_numparse=True)
     if markdown:
-        lines = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines + [""] + [f"{note}\n" for note in notes]).rstrip() + "\n"
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = [" ".join(f"{cell:>{w}}" for cell, w in zip(line, widths)) for line in [headers, *rows]]
-    return "\n".join(lines + notes)
+        return "\n".join([table, ""] + [f"{note}\n" for note in notes]).rstrip() + "\n"
+    return "\n".join([table] + notes)
 
 
 def format_sampler_table(record: dict, markdown: bool = False) -> str:

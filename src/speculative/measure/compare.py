@@ -1,0 +1,99 @@
+"""Compare: two decoders of one decode record against each other, paired over the same prompts and seeds
+(two rules, two chain counts, a fixed length and a policy); and one configuration across records (the drift
+between independent benchmark runs).
+
+Explained in: notebooks/08_decoding_demo and notebooks/10_beyond_one_draft. Pure: it reads summary rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from speculative.measure.lookup import rows_where, split_runs
+from speculative.measure.shared import ratio_interval
+
+__all__ = ["compare_variants", "compare_rows", "across_records"]
+
+
+def _variant(row: dict) -> tuple:
+    return row["batch"], row["temperature"], row["gamma"], row.get("rule", "token"), row.get("drafts", 1)
+
+
+def compare_variants(record: dict, baseline: tuple = ("token", 1), other: tuple = ("block", 1)) -> list[dict]:
+    """Return, per (batch, T, gamma) that a decode record measured under both variants (rule, drafts),
+    ``other`` against ``baseline`` on the same prompts and seeds: each one's tokens per target call
+    (pooled, with a 95% bootstrap interval over groups of prompts), their ratio other / baseline (paired
+    over groups: the same tokens, so it is baseline calls / other calls) and the ratio of speedups
+    other / baseline (paired: baseline speculative seconds / other speculative seconds; the plain runs
+    are shared)."""
+    rows = {_variant(r): r for r in record["results"]}
+    out = []
+    for (batch, temperature, gamma, rule, k), base in rows.items():
+        if (rule, k) != tuple(baseline) or (batch, temperature, gamma, *other) not in rows:
+            continue
+        out.append({"baseline": list(baseline), "other": list(other),
+                    **compare_rows(record, base, rows[(batch, temperature, gamma, *other)])})
+    return out
+
+
+def compare_rows(record: dict, baseline: dict, other: dict) -> dict:
+    """Return ``other`` against ``baseline``, two summary rows of one decode record at the same batch and
+    temperature (two rules, two chain counts, or a fixed gamma and a policy), measured on the same prompts
+    and seeds: what :func:`compare_variants` returns for each pair, keyed by the baseline's batch,
+    temperature and gamma."""
+    if (baseline["batch"], baseline["temperature"]) != (other["batch"], other["temperature"]):
+        raise ValueError("compare_rows compares rows of one batch size and temperature")
+    seed, batch = record["config"]["seed"], baseline["batch"]
+    new = record["config"]["max_new_tokens"] * record["config"]["repeats"] * batch
+    base_calls, alt_calls = baseline["target_calls_per_group"], other["target_calls_per_group"]
+    base_seconds, alt_seconds = baseline["speculative_seconds_per_group"], other["speculative_seconds_per_group"]
+    return {
+        "batch": batch, "temperature": baseline["temperature"], "gamma": baseline["gamma"],
+        "groups": len(base_calls),
+        "baseline_tokens_per_call": baseline["tokens_per_target_forward"],
+        "baseline_tokens_per_call_ci95": ratio_interval([new] * len(base_calls), base_calls, seed),
+        "other_tokens_per_call": other["tokens_per_target_forward"],
+        "other_tokens_per_call_ci95": ratio_interval([new] * len(alt_calls), alt_calls, seed),
+        "tokens_per_call_ratio": sum(base_calls) / sum(alt_calls),
+        "tokens_per_call_ratio_ci95": ratio_interval(base_calls, alt_calls, seed),
+        "baseline_speedup": baseline["speedup"], "other_speedup": other["speedup"],
+        "baseline_speedup_ci95": baseline["speedup_ci95"], "other_speedup_ci95": other["speedup_ci95"],
+        "speedup_ratio": sum(base_seconds) / sum(alt_seconds),
+        "speedup_ratio_ci95": ratio_interval(base_seconds, alt_seconds, seed),
+    }
+
+
+def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -> dict:
+    """Return ``figure`` of the one row with ``fields`` in every record that has such a row: the runs of
+    one configuration made by different benchmark runs (on other days, in other orders), so their spread
+    is the drift between independent runs that no within-run interval covers.
+
+    Only records of the same pair, the same prompt set and the same decoding settings (prompts, new tokens)
+    are compared; the first record sets them, and a record that differs is left out and named under
+    ``"left_out"``. Returns ``{"runs": [{"file", "date", figure, figure_ci95}, ...], "low", "high",
+    "median", "n"}``; a ValueError when no record has the row. A record of several runs counts each run
+    (:func:`split_runs`)."""
+    def key(record):
+        config = record["config"]
+        return record.get("pair_sha256"), record.get("prompts_sha256"), config.get("prompts"), \
+            config.get("max_new_tokens"), config.get("dtype")
+
+    runs, left_out, reference = [], [], None
+    for record in (run for each in records for run in split_runs(each)):
+        found = rows_where(record, **fields) if isinstance(record.get("results"), list) else []
+        if len(found) != 1 or figure not in found[0]:
+            continue
+        reference = reference or key(record)
+        if key(record) != reference:
+            left_out.append(record.get("file", record.get("benchmark", "?")))
+            continue
+        row = found[0]
+        runs.append({"file": record.get("file", "?"), "date": record["environment"].get("date_utc", "?")[:10],
+                     figure: row[figure], f"{figure}_ci95": row.get(f"{figure}_ci95")})
+    if not runs:
+        shown = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        raise ValueError(f"no record has one row with {shown} and a {figure!r}")
+    values = [r[figure] for r in runs]
+    return {"runs": runs, "n": len(runs), "low": min(values), "high": max(values),
+            "median": statistics.median(values), "left_out": left_out}
