@@ -96,7 +96,7 @@ def law_pair(pair):
 def battery():
     """The audit's default battery, built once (about two seconds: its large tables are exact Fractions).
     Tests only read it; its cases cache their probability tensors, so sharing them saves that work too."""
-    from speculative.audit.core import default_battery
+    from speculative.audit.battery import default_battery
 
     return default_battery()
 

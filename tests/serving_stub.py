@@ -1,5 +1,5 @@
 """A small OpenAI-compatible server for the tests: ``GET /v1/models`` and ``POST /v1/completions`` over the
-library's reference engine (engines.reference_engine), with token-id prompts and token ids back.
+library's reference engine (engine_gallery.reference_engine), with token-id prompts and token ids back.
 
 Started by the audit through ``--serve`` like any engine kept outside the project:
 
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from speculative.audit.engines import reference_engine  # noqa: E402
+from speculative.audit.engine_gallery import reference_engine  # noqa: E402
 from speculative.audit.serving import ServingConfig, load_folder  # noqa: E402
 
 

@@ -15,6 +15,7 @@ import torch
 
 from speculative.audit import core as audit
 from speculative.audit import pitfalls
+from speculative.audit.battery import select_cases
 from speculative.cli import main
 from speculative.sampling import stats
 from speculative.sampling.sampler import SamplerOutput, rejection_sample
@@ -147,11 +148,11 @@ def test_bad_input_is_one_clear_error():
 
 
 def test_select_cases_picks_by_name_and_refuses_a_name_that_matches_none(battery):
-    chosen = audit.select_cases(["K = 2", "three-token"], battery)
+    chosen = select_cases(["K = 2", "three-token"], battery)
     assert [c.name for c in chosen] == [c.name for c in battery if c.name in ("three-token example",
                                                                               "context-dependent tables, k = 2")]
     with pytest.raises(ValueError, match="no case of the battery is named like 'nosuch'") as error:
-        audit.select_cases(["three-token", "nosuch"], battery)
+        select_cases(["three-token", "nosuch"], battery)
     assert "\n" not in str(error.value) and battery[-1].name in str(error.value)
 
 
@@ -187,7 +188,7 @@ def test_hugging_face_sampler_keeps_the_law_and_fails_only_where_its_code_says(b
     import transformers  # a requirement of the project (requirements.txt): missing means a broken install
     from transformers.generation.utils import _speculative_sampling
 
-    cases = audit.select_cases(["three-token", "float16 inputs", "p(x) = 0", "zero residual"], battery)
+    cases = select_cases(["three-token", "float16 inputs", "p(x) = 0", "zero residual"], battery)
     assert len(cases) == 5  # float16 and bfloat16 inputs both match
     report = audit.audit_sampler(_speculative_sampling, convention="hf", cases=cases, name=transformers.__version__)
     assert [r.name for r in report.results] == [c.name for c in cases]

@@ -4,7 +4,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from speculative.exact import exact, rule
+from speculative.exact import exact, multi_draft, rule
 
 P = [F(1, 2), F(1, 2)]
 
@@ -32,7 +32,7 @@ def test_bad_distribution(probs, message):
     with pytest.raises(ValueError, match=message):
         rule.output_distribution(probs, P)
     with pytest.raises(ValueError, match=message):
-        exact.multi_draft_step(P, probs, 1)
+        multi_draft.multi_draft_step(P, probs, 1)
 
 
 def test_float_sum_tolerance_is_the_stated_one():

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from speculative.audit.pitfalls import MULTI_DRAFT_PITFALLS, extend, find
-from speculative.exact import exact
+from speculative.audit.pitfalls import MULTI_DRAFT_PITFALLS, find
+from speculative.exact import exact, multi_draft
+from speculative.exact.pitfall_laws import extend
 from speculative.exact.rule import total_variation
 from speculative.sampling import stats
 from speculative.sampling.sampler import (
@@ -119,15 +120,15 @@ def test_a_wrong_block_rule_is_caught_by_the_exact_check():
 # --------------------------------------------------------------------------- exact: several drafts, trees
 
 
-@pytest.mark.parametrize("scheme", exact.SCHEMES)
+@pytest.mark.parametrize("scheme", multi_draft.SCHEMES)
 @pytest.mark.parametrize("branching", [(2,), (3,), (2, 1), (1, 2), (2, 2), (3, 1, 1)])
 def test_tree_rules_keep_the_law_exactly_and_the_wrong_ones_do_not(scheme, branching):
-    wrong = scheme not in exact.LOSSLESS_SCHEMES
+    wrong = scheme not in multi_draft.LOSSLESS_SCHEMES
     distances = []
     for seed in range(4):
         target, draft = _pair(3, 10 + seed)
         n_tokens = len(branching) + 1
-        law = exact.sequence_law(lambda c, t=target, d=draft: exact.tree_law(t, d, c, branching, scheme, F(1, 2)),
+        law = exact.sequence_law(lambda c, t=target, d=draft: multi_draft.tree_law(t, d, c, branching, scheme, F(1, 2)),
                                  (0,), n_tokens)
         assert sum(law.values()) == 1
         distances.append(exact.law_total_variation(law, exact.target_sequence_law(target, (0,), n_tokens)))
@@ -140,14 +141,15 @@ def test_tree_rules_keep_the_law_exactly_and_the_wrong_ones_do_not(scheme, branc
 @pytest.mark.parametrize("gamma", [1, 2, 3])
 def test_one_chain_tree_is_token_wise_verification(gamma):
     target, draft = _pair(3, 20)
-    assert exact.tree_law(target, draft, (1,), (1,) * gamma) == exact.speculative_block_law(target, draft, (1,), gamma)
+    chain = exact.speculative_block_law(target, draft, (1,), gamma)
+    assert multi_draft.tree_law(target, draft, (1,), (1,) * gamma) == chain
 
 
 def test_more_drafts_accept_more_on_the_three_token_example():
-    rows = {row["scheme"]: row for row in exact.multi_draft_table()}
+    rows = {row["scheme"]: row for row in multi_draft.multi_draft_table()}
     alpha = sum(min(p, q) for p, q in zip(SEED_P, SEED_Q))
     assert rows["with_replacement"]["acceptance"][0] == rows["without_replacement"]["acceptance"][0] == alpha
-    for scheme in exact.LOSSLESS_SCHEMES:
+    for scheme in multi_draft.LOSSLESS_SCHEMES:
         acceptance = rows[scheme]["acceptance"]
         assert acceptance == sorted(acceptance) and acceptance[-1] > acceptance[0]
         assert rows[scheme]["tv"] == [0, 0, 0]
@@ -168,17 +170,17 @@ def test_the_wrong_multi_draft_variants_bite_on_their_demo_pairs():
 
 def test_multi_draft_bad_input():
     with pytest.raises(ValueError, match="drafts"):
-        exact.multi_draft_step(SEED_P, SEED_Q, 0)
+        multi_draft.multi_draft_step(SEED_P, SEED_Q, 0)
     with pytest.raises(ValueError, match="unknown scheme"):
-        exact.multi_draft_step(SEED_P, SEED_Q, 2, "tree")
+        multi_draft.multi_draft_step(SEED_P, SEED_Q, 2, "tree")
     with pytest.raises(ValueError, match="threshold"):
-        exact.multi_draft_step(SEED_P, SEED_Q, 2, "top_k_threshold", F(3, 2))
+        multi_draft.multi_draft_step(SEED_P, SEED_Q, 2, "top_k_threshold", F(3, 2))
     with pytest.raises(ValueError, match="vocabulary mismatch"):
-        exact.multi_draft_step(SEED_P, SEED_Q + [F(0)], 2)
+        multi_draft.multi_draft_step(SEED_P, SEED_Q + [F(0)], 2)
     with pytest.raises(ValueError, match="sums to 6/5"):
-        exact.multi_draft_step(SEED_P, SEED_Q[:2] + [F(1, 2)], 2)
+        multi_draft.multi_draft_step(SEED_P, SEED_Q[:2] + [F(1, 2)], 2)
     with pytest.raises(ValueError, match="branching"):
-        exact.tree_law(lambda c: SEED_P, lambda c: SEED_Q, (), ())
+        multi_draft.tree_law(lambda c: SEED_P, lambda c: SEED_Q, (), ())
 
 
 # --------------------------------------------------------------------------- the batched block sampler
@@ -379,7 +381,7 @@ def _joint(law):
     return [float(a) for a in law["accepted"]] + [float(f) for f in law["residual"]]
 
 
-@pytest.mark.parametrize("scheme", exact.SCHEMES)
+@pytest.mark.parametrize("scheme", multi_draft.SCHEMES)
 @pytest.mark.parametrize("drafts", [1, 2, 3])
 @pytest.mark.parametrize("pair", [0, 1])
 def test_multi_draft_sampler_follows_the_exact_step_law(scheme, drafts, pair):
@@ -390,7 +392,7 @@ def test_multi_draft_sampler_follows_the_exact_step_law(scheme, drafts, pair):
     draft = torch.tensor([[float(v) for v in q]] * n, dtype=torch.float64)
     candidates = draw_candidates(draft, drafts, scheme, generator)
     out = multi_draft_sample(candidates, draft, target, generator, scheme=scheme, threshold=0.5)
-    law = exact.multi_draft_step(p, q, drafts, scheme, F(1, 2))
+    law = multi_draft.multi_draft_step(p, q, drafts, scheme, F(1, 2))
     # the joint law of (accepted?, token): P(token y accepted) and P(all rejected, final y)
     joint = _joint(law)
     # Power, from exact wrong laws: the final token drawn from p instead of the residual, one candidate
@@ -399,9 +401,9 @@ def test_multi_draft_sampler_follows_the_exact_step_law(scheme, drafts, pair):
     rejected = sum(law["residual"])
     wrongs = [[float(a) for a in law["accepted"]] + [float(rejected * p_y) for p_y in p]]
     if drafts > 1:
-        wrongs.append(_joint(exact.multi_draft_step(p, q, drafts - 1, scheme, F(1, 2))))
-    wrongs += [_joint(exact.multi_draft_step(p, q, drafts, other, F(1, 2)))
-               for other in exact.SCHEMES if other != scheme]
+        wrongs.append(_joint(multi_draft.multi_draft_step(p, q, drafts - 1, scheme, F(1, 2))))
+    wrongs += [_joint(multi_draft.multi_draft_step(p, q, drafts, other, F(1, 2)))
+               for other in multi_draft.SCHEMES if other != scheme]
     differing = [wrong for wrong in wrongs if wrong != joint]
     assert differing
     for wrong in differing:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import planted_cut_bug, planted_rollback_bug
-from speculative.audit import engines
-from speculative.audit.core import assert_engine_lossless, audit_engine
+from speculative.audit import engine_cases, engine_gallery, engines
+from speculative.audit.engine_audit import assert_engine_lossless, audit_engine
 from speculative.cli import main
 from speculative.engine.evaluate import exact_sequence_law
 from speculative.sampling import stats
@@ -26,7 +26,7 @@ from speculative.sampling.transforms import PenalizedConfig, SamplingConfig, pen
 
 @pytest.fixture(scope="module")
 def battery():
-    cases = engines.engine_battery(penalty=True)
+    cases = engine_cases.engine_battery(penalty=True)
     for case in cases:
         case.law()
     return {case.name: case for case in cases}
@@ -44,7 +44,7 @@ def test_the_battery_states_cases_where_rejections_and_full_blocks_are_both_freq
 
 
 def test_the_enumerated_law_is_the_evaluate_modules_law(battery):
-    # two implementations: engines._enumerate (tensor codes, processors incl. the penalty) and
+    # two implementations: engine_cases._enumerate (tensor codes, processors incl. the penalty) and
     # evaluate.exact_sequence_law (dict of tuples); the top-k case is small enough for the second
     case = battery["V = 8, top-k 2"]
     codes, probs = case.law()
@@ -119,7 +119,7 @@ def test_the_planted_cut_bug_is_caught(battery):
 
 
 def _fine(target, draft, prompt, max_new_tokens, config, generator, n):
-    return engines.reference_engine(target, draft, prompt, max_new_tokens, config, generator, n)
+    return engine_gallery.reference_engine(target, draft, prompt, max_new_tokens, config, generator, n)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -158,8 +158,8 @@ def test_nothing_an_engine_writes_lands_in_the_callers_folder(battery, tmp_path,
 
 
 def test_assert_engine_lossless_raises_with_the_table(battery):
-    wrong = next(entry for entry in engines.GALLERY if entry.key == "argmax_verify").engine()
-    with pytest.raises(AssertionError, match=r"\| V = 3, T = 1 \| 9 \|"):
+    wrong = next(entry for entry in engine_gallery.GALLERY if entry.key == "argmax_verify").engine()
+    with pytest.raises(AssertionError, match=r"\| V = 3, T = 1 +\| +9 \|"):
         assert_engine_lossless(wrong, cases=[battery["V = 3, T = 1"]], max_rows=3_000)
     with pytest.raises(TypeError):
         audit_engine("not an engine")
@@ -169,7 +169,7 @@ def test_assert_engine_lossless_raises_with_the_table(battery):
 
 def test_a_config_whose_support_is_too_large_is_refused_in_one_line():
     with pytest.raises(ValueError, match="support holds 6\\^9 sequences"):
-        engines.engine_battery(config=SamplingConfig(temperature=1.0))[2].law()
+        engine_cases.engine_battery(config=SamplingConfig(temperature=1.0))[2].law()
 
 
 def test_the_cli_audits_an_engine_and_exits_by_its_verdict(tmp_path, capsys):

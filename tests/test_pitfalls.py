@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from speculative.audit import pitfalls
-from speculative.audit.pitfalls import FIX, PITFALLS, SEED_P, SEED_Q, extend
+from speculative.audit.pitfalls import FIX, PITFALLS
+from speculative.exact import pitfall_laws
+from speculative.exact.pitfall_laws import SEED_P, SEED_Q, extend
 from speculative.exact.rule import output_distribution, total_variation
 from speculative.sampling import stats
 from speculative.sampling.sampler import rejection_sample
@@ -32,12 +34,12 @@ def test_exact_correct_is_the_rule():
 
     from speculative.exact.exact import random_rational_distribution
 
-    assert pitfalls.exact_correct(list(SEED_P), list(SEED_Q)) == extend(output_distribution(SEED_P, SEED_Q))
+    assert pitfall_laws.exact_correct(list(SEED_P), list(SEED_Q)) == extend(output_distribution(SEED_P, SEED_Q))
     rng = random.Random(5)  # the gallery's listing and the rule's closed form agree on any pair, zeros included
     for _ in range(300):
         size = rng.randint(1, 8)
         p, q = random_rational_distribution(size, rng), random_rational_distribution(size, rng)
-        assert pitfalls.exact_correct(p, q) == extend(output_distribution(p, q))
+        assert pitfall_laws.exact_correct(p, q) == extend(output_distribution(p, q))
 
 
 @pytest.mark.parametrize(
@@ -105,12 +107,12 @@ def test_find_unknown_key():
 
 
 def test_diff_from_correct_shows_only_the_changed_lines():
-    assert pitfalls.diff_from_correct(pitfalls.exact_correct) == ""
-    diff = pitfalls.diff_from_correct(pitfalls.exact_resample_from_target).splitlines()
+    assert pitfall_laws.diff_from_correct(pitfall_laws.exact_correct) == ""
+    diff = pitfall_laws.diff_from_correct(pitfall_laws.exact_resample_from_target).splitlines()
     assert diff == ["-    r = normalized_residual(p, q)",
                     "+    r = p  # MISTAKE: after a rejection, draw from p itself"]
     for pitfall in PITFALLS + [FIX]:
-        assert pitfalls.diff_from_correct(pitfall.exact).strip(), pitfall.key
+        assert pitfall_laws.diff_from_correct(pitfall.exact).strip(), pitfall.key
 
 
 @pytest.mark.parametrize("key, make", [("typical_acceptance", pitfalls.typical_acceptance_sampler),
@@ -137,3 +139,16 @@ def test_every_source_a_pitfall_cites_is_in_the_bibliography():
     for pitfall in PITFALLS + [FIX]:
         for key in pitfall.cites:
             assert "{" + key + "," in bib, f"{pitfall.key} cites {key}, which references.bib lacks"
+
+
+def test_the_shared_inverse_cdf_gives_the_invalid_id_only_where_a_pitfall_asks_for_it():
+    # the samplers' draws come from sampling.draws.inverse_cdf: one row, many uniforms
+    from speculative.sampling.draws import inverse_cdf
+
+    weights = torch.tensor([0.0, 0.25, 0.0, 0.25], dtype=torch.float64)  # mass 1/2, as an unnormalised residual
+    uniforms = torch.tensor([0.0, 0.3, 0.6, 1 - 2.0 ** -53], dtype=torch.float64)
+    assert inverse_cdf(weights, uniforms).tolist() == [1, 1, 3, 3]  # normalised: never a zero weight, never V
+    assert inverse_cdf(weights, uniforms, normalise=False, clamp=False).tolist() == [1, 3, 4, 4]  # runs off the end
+    assert inverse_cdf(weights, uniforms, normalise=False).tolist() == [1, 3, 3, 3]  # ... clamped to V - 1
+    nan = torch.zeros(4, dtype=torch.float64) / 0  # a zero residual divided anyway
+    assert inverse_cdf(nan, uniforms, normalise=False, clamp=False).tolist() == [4] * 4

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from speculative.audit.core import ENGINE_MAX_ROWS, _sample_size, audit_engine
+from speculative.audit.core import _sample_size
 from speculative.audit.doors import openai_engine, served_engine
-from speculative.audit.seeds import SEED_GALLERY, inverse_cdf, keyed_uniforms, seed_check_power, seed_checks
+from speculative.audit.engine_audit import ENGINE_MAX_ROWS, audit_engine
+from speculative.audit.seeds import SEED_GALLERY, keyed_uniforms, seed_check_power, seed_checks
 from speculative.audit.serving import (
     HEAD_SIZE,
     SERVING_CASES,
@@ -30,6 +31,7 @@ from speculative.audit.serving import (
     wrong_law,
 )
 from speculative.sampling import stats
+from speculative.sampling.draws import inverse_cdf
 
 STUB = Path(__file__).with_name("serving_stub.py")
 TEMPLATE = f"{sys.executable} {STUB} --target {{target}} --draft {{draft}} --port {{port}}"

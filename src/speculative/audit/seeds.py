@@ -17,10 +17,12 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from speculative.audit.engines import CONTEXT, EngineCase, _Forwards, _write, processed_probs
+from speculative.audit.engine_cases import CONTEXT, EngineCase, processed_probs
+from speculative.audit.engine_gallery import _Forwards, _write
 from speculative.audit.serving import SERVING_CASES
+from speculative.sampling.draws import inverse_cdf
 
-__all__ = ["keyed_uniforms", "inverse_cdf", "keyed_engine", "SeedEntry", "SEED_GALLERY", "SEED_CHECKS",
+__all__ = ["keyed_uniforms", "keyed_engine", "SeedEntry", "SEED_GALLERY", "SEED_CHECKS",
            "seed_checks", "seed_check_power", "seed_gallery"]
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -39,14 +41,6 @@ def keyed_uniforms(seeds, stream: int, counters) -> torch.Tensor:
     with np.errstate(over="ignore"):
         z = _mix(_mix(seeds ^ (np.uint64(stream) << np.uint64(56))) + counters)
     return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)
-
-
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token whose cumulative probability first passes each row's uniform; never a zero-probability
-    token and never past the vocabulary, since every uniform is below 1."""
-    cdf = probs.double().cumsum(-1)
-    below = cdf <= (uniforms.double() * cdf[:, -1]).unsqueeze(1)
-    return below.sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -214,7 +208,7 @@ def seed_gallery(cases: list, requests: int = 32, family_false_alarm: Optional[f
                  max_rows: Optional[int] = None, seed: int = 0) -> list[dict]:
     """Every engine of :data:`SEED_GALLERY` on the top-k case: its law audit (over fresh seeds), its seed
     checks over ``requests`` seeds, and for each wrong one the power of the checks it must fail."""
-    from speculative.audit.core import audit_engine
+    from speculative.audit.engine_audit import audit_engine
     from speculative.sampling import stats
 
     family_false_alarm = stats.FALSE_ALARM_RATE if family_false_alarm is None else family_false_alarm

@@ -15,7 +15,7 @@ Explained in: notebooks/13_audit_serving.
 - **The battery** (:func:`serving_battery`): every case's target and draft are Llama checkpoints with a
   head size of 32, saved as ordinary Hugging Face folders (``config.json`` and ``model.safetensors``),
   so transformers, vLLM and any server that loads such a folder run the same weights. Prompts are token
-  ids; no tokenizer exists. The exact law is computed from the folders as loaded (:mod:`engines`).
+  ids; no tokenizer exists. The exact law is computed from the folders as loaded (:mod:`engine_cases`).
 - **Independence across requests** (:func:`paired`): a case whose outcome is the tokens of two requests
   decoded side by side; its exact law is the product of the single-request law. An engine that shares a
   random stream between side-by-side requests keeps each request's marginal law; the pair's law shows
@@ -37,7 +37,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from speculative.audit.engines import CONTEXT, EngineCase, EngineEntry, bf16_probs, processed_probs
+from speculative.audit.engine_cases import CONTEXT, EngineCase, processed_probs
+from speculative.audit.engine_gallery import EngineEntry, bf16_probs
 from speculative.sampling.transforms import ServingConfig, as_serving, min_p_margin, serving_logits, serving_probs  # noqa: F401
 
 __all__ = ["ServingConfig", "serving_logits", "serving_probs", "llama_model", "save_folder", "load_folder",
@@ -265,7 +266,7 @@ def paired(case: EngineCase, tv: Optional[float] = None, length: Optional[int] =
 # --------------------------------------------------------------------------- the serving gallery
 
 _T1, _TOPK, _TOPP, _PENALTIES, _BIAS = SERVING_CASES
-#: Engines built on :func:`engines.reference_engine` with the bug classes serving adds, and the serving
+#: Engines built on :func:`engine_gallery.reference_engine` with the bug classes serving adds, and the serving
 #: cases each runs on (``"paired"``: the first case's two requests side by side).
 SERVING_GALLERY = [
     EngineEntry("reference", "the reference engine", True, "a correct engine: both contexts are the emitted tokens",
@@ -446,7 +447,7 @@ def serving_gallery(cases: list, family_false_alarm: Optional[float] = None, pow
     """Audit every engine of :data:`SERVING_GALLERY` on the serving cases it needs; for each wrong one,
     the probability that its cases reject it: from its exact law where that can be enumerated
     (``power_from`` "law"), else from an independent sample of ``power_rows`` rows ("sample")."""
-    from speculative.audit.core import audit_engine, engine_power
+    from speculative.audit.engine_audit import audit_engine, engine_power
     from speculative.sampling import stats
 
     family_false_alarm = stats.FALSE_ALARM_RATE if family_false_alarm is None else family_false_alarm

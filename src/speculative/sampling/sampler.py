@@ -47,7 +47,7 @@ from typing import Optional
 
 import torch
 
-from speculative.exact.exact import SCHEMES
+from speculative.exact.multi_draft import SCHEMES
 
 __all__ = ["sum_tolerance", "categorical", "greedy_verify", "SamplerOutput", "Randomness", "draw_randomness",
            "rejection_sample",
@@ -446,7 +446,7 @@ class MultiDraftOutput:
 
 
 def _check_scheme(scheme: str) -> None:
-    if scheme not in SCHEMES:  # exact.SCHEMES: one list of schemes, each with its exact law
+    if scheme not in SCHEMES:  # multi_draft.SCHEMES: one list of schemes, each with its exact law
         raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
 
 
@@ -481,7 +481,7 @@ def multi_draft_sample(candidates: torch.Tensor, draft_probs: torch.Tensor, targ
     """Verify ``candidates`` (B, k) at one position against the target and return the emitted token.
 
     ``draft_probs`` and ``target_probs`` are q and p at that position, (B, V). The schemes are those of
-    :func:`exact.multi_draft_step` (exact laws there): recursive rejection sampling with i.i.d.
+    :func:`multi_draft.multi_draft_step` (exact laws there): recursive rejection sampling with i.i.d.
     candidates (``with_replacement``) or candidates drawn without replacement and judged against q
     renormalised over the untried tokens (``without_replacement``); the fixed top-k list verified with one
     uniform against the running sum of p (``top_k``); and two wrong variants kept for the gallery.

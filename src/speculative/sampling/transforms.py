@@ -76,7 +76,7 @@ class PenalizedConfig(SamplingConfig):
     in the context (prompt included) has its logit divided by the penalty when positive and multiplied by
     it when negative. It depends on the context, so :func:`logits_to_probs` alone cannot apply it: apply
     :func:`penalized_logits` first. The library's decoding loops refuse it (:func:`refuse_penalty`); the
-    engine audit (:mod:`engines`) uses it for engines that claim to apply one."""
+    engine audit (:mod:`engine_cases`) uses it for engines that claim to apply one."""
 
     repetition_penalty: float = 1.0
 
