@@ -219,7 +219,7 @@ def test_half_precision_weights_decode_in_range_without_nan(dtype):
 
 def test_block_rule_and_multi_draft_decoding_are_greedy_exact(pair):
     # at temperature 0 every rule must reproduce plain greedy decoding token for token
-    from speculative.engine.decode import multi_draft_decode
+    from speculative.engine.multi_draft import multi_draft_decode
 
     greedy = SamplingConfig(temperature=0.0)
     prompts = [pair.prompts[3], pair.prompts[4]]
@@ -234,7 +234,7 @@ def test_block_rule_and_multi_draft_decoding_are_greedy_exact(pair):
 
 
 def test_multi_draft_decoding_refuses_bad_input(pair):
-    from speculative.engine.decode import multi_draft_decode
+    from speculative.engine.multi_draft import multi_draft_decode
 
     with pytest.raises(ValueError, match="one prompt"):
         multi_draft_decode(pair.target, pair.draft, [pair.prompts[0], pair.prompts[1]], 8, 2, 2)

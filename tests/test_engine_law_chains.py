@@ -1,6 +1,6 @@
 """The multi-draft engine's law, past the first block: test_engine_law.py's test, for k chains per block.
 
-``decode.multi_draft_decode`` takes one prompt per call (its chains are the batch), so its rows cannot be
+``multi_draft.multi_draft_decode`` takes one prompt per call (its chains are the batch), so its rows cannot be
 batched as test_engine_law.py's are: each row is a call, and these two cases are the slowest of the suite.
 They live in a file of their own so that ``make test``'s two workers (``--dist loadfile``) can run them
 beside the other law tests rather than after them. The test, its rejection threshold (p < 1e-6,
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_multi_draft_decoding_follows_the_exact_law(law_pair, scheme):
     # chapter 10: two chains per block as two rows, root verified by the scheme, chosen chain token-wise.
     # One prompt per call (its chains are the batch), so fewer rows: the detectable TV is asserted below.
-    from speculative.engine.decode import multi_draft_decode
+    from speculative.engine.multi_draft import multi_draft_decode
 
     # the last 24 bytes of a shipped prompt: each call prefills both models again, and a short prompt makes
     # that prefill cheaper than a whole 96-byte one. After it the root is still rejected often: in 39 to 90

@@ -37,11 +37,11 @@ _PUBLIC = {
     "plain_decode": "engine.decode", "prefill": "engine.decode", "DecodeResult": "engine.decode",
     "exact_two_byte_law": "engine.evaluate", "completion_bits_per_byte": "engine.evaluate", "Pair": "engine.pair",
     "load_pair": "engine.pair", "save_pair": "engine.pair", "train_pair": "training.train",
-    "get_pair": "training.train", "Clock": "measure.timing", "environment": "measure.timing",
+    "get_pair": "training.train", "Clock": "engine.timing", "environment": "engine.timing",
     "goodness_of_fit": "sampling.stats", "samples_needed": "sampling.stats",
     "measured_acceptance_rate": "sampling.stats", "acceptance_rate": "exact.rule",
-    "output_distribution": "exact.rule", "total_variation": "exact.rule", "bench_decode": "measure.bench",
-    "bench_sampler": "measure.bench",
+    "output_distribution": "exact.rule", "total_variation": "exact.rule", "bench_decode": "measure.bench_decode",
+    "bench_sampler": "measure.bench_sampler",
 }
 __all__ = ["__version__", *_PUBLIC]
 

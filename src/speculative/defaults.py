@@ -6,6 +6,17 @@ types them. Changing a value here changes it everywhere (``--help`` included).
 
 from __future__ import annotations
 
+from dataclasses import field
+
+
+def setting(default, help: str, **cli):
+    """A field of a settings dataclass: its default and the help text the command line shows for it, and how
+    the command line spells it where that differs from the field (``flag``, ``metavar``, ``choices``, ``words``
+    accepted beside numbers; ``repeat``: the option may be given several times, each adding one value;
+    ``parse``: the name of the command line's parser for its items, e.g. ``shape``)."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
 #: The shipped target: 6 blocks of width 384 with 6 heads, over bytes, 256 positions.
 TARGET_SHAPE = {"n_layer": 6, "d_model": 384, "n_head": 6}
 #: The shipped draft: 2 blocks of width 128 with 2 heads.
@@ -24,12 +35,17 @@ TARGET_SECONDS = 4200.0
 DRAFT_SECONDS = 720.0
 DISTILL_WEIGHT = 0.8
 TRAIN_SEED = 0
+#: ``train-draft``: the windows every candidate distils on, of the target's own samples and of training text.
+DISTILL_WINDOWS = {"sampled": 2048, "text": 2048}
 
 #: ``bench decode``: draft lengths, temperatures, batch sizes, prompts decoded per point (in groups of the
 #: batch size), tokens per row, timed repeats, seed.
 BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "batches": (1, 4, 16), "prompts": 32,
                 "max_new_tokens": 128, "repeats": 2, "seed": 0, "calibration_repeats": 5,
                 "rules": ("token",), "drafts": (1,), "scheme": "with_replacement"}
+#: ``bench drafts`` and ``bench agreement``: draft lengths and temperatures raced, timed rounds per run,
+#: independent runs.
+BENCH_DRAFTS = {"gammas": (2, 4, 6), "temperatures": (0.0, 1.0), "repeats": 1, "runs": 3}
 #: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
 AUTO_MAX_GAMMA = 8
 #: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'

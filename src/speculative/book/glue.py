@@ -113,16 +113,17 @@ def load_record(name: str) -> dict:
 
 
 def named_drafts(record: dict) -> dict:
-    """Return a record of several drafts with each draft under its own name (:func:`analysis.draft_names`):
-    the races call the pair's own draft "shipped", which is ``tv128c`` in a record of the shipped pair and
-    ``original`` in one of the pair it replaced. A record of the shipped pair made before records kept the
-    shipped draft's training (``"training": null``) gets it from pair.json's ``shipped_draft``, which
-    describes that same draft. Reads the shipped pair's pair.json and SHA256SUMS only."""
+    """Return a record of several drafts with each draft under its own name
+    (:func:`speculative.measure.analysis_drafts.draft_names`): the races call the pair's own draft "shipped",
+    which is ``tv128c`` in a record of the shipped pair and ``original`` in one of the pair it replaced. A
+    record of the shipped pair made before records kept the shipped draft's training (``"training": null``)
+    gets it from pair.json's ``shipped_draft``, which describes that same draft. Reads the shipped pair's
+    pair.json and SHA256SUMS only."""
     import hashlib
     import json
 
     from speculative.engine.pair import PAIR_DIR
-    from speculative.measure.analysis import draft_names, rename_drafts
+    from speculative.measure.analysis_drafts import draft_names, rename_drafts
 
     sha256 = hashlib.sha256((PAIR_DIR / "SHA256SUMS").read_bytes()).hexdigest()
     info = json.loads((PAIR_DIR / "pair.json").read_text())
@@ -136,7 +137,7 @@ def named_drafts(record: dict) -> dict:
 
 def load_records() -> list[dict]:
     """Return every recorded run in ``results/``, sorted by file name; a record of several runs comes as
-    one record per run (:func:`speculative.measure.analysis.split_runs`), each with its own environment."""
-    from speculative.measure.analysis import split_runs
+    one record per run (:func:`speculative.measure.lookup.split_runs`), each with its own environment."""
+    from speculative.measure.lookup import split_runs
 
     return [run for path in sorted(results_dir().glob("*.json")) for run in split_runs(load_record(path.name))]

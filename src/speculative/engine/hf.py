@@ -12,7 +12,7 @@ holds them to 1e-4 in float32). GPT-2 stores its linear layers as ``Conv1D`` wit
 :func:`wrap` puts any transformers causal LM (GPT-2, Llama, Qwen2, ...) behind the interface the engine
 calls, with transformers' own KV cache rolled back by cropping; :func:`pair` aligns a target and a draft
 (same tokenizer, padded vocabularies cut to it). :func:`assisted_generate` and :func:`plain_generate`
-run transformers' own generation, instrumented, for the race in :func:`speculative.measure.bench.bench_peer`.
+run transformers' own generation, instrumented, for the race in :func:`speculative.measure.bench_peer.bench_peer`.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def _split(merged, batch: int, config) -> list:
 def wrap(model, vocab_size: Optional[int] = None, tokenizer=None, name: str = "") -> HFModel:
     """Return ``model`` (any transformers causal LM whose cache can be cropped: GPT-2, Llama, Qwen2, ...)
     in the form :func:`decode.plain_decode`, :func:`decode.speculative_decode` and
-    :func:`speculative.measure.bench.bench_decode` call.
+    :func:`speculative.measure.bench_decode.bench_decode` call.
 
     ``vocab_size`` keeps only the first that many logits (default: all the model produces). Checkpoints
     pad their embedding tables past the tokenizer, and one family's sizes pad differently (Qwen2.5's
@@ -303,7 +303,7 @@ def same_tokenizer(first, second) -> Optional[str]:
 def pair(target, draft, target_tokenizer=None, draft_tokenizer=None, prompts: Sequence[str] = (),
          name: str = "") -> "HFPair":
     """Return a pair of wrapped transformers models ready for the engine and
-    :func:`speculative.measure.bench.bench_decode`.
+    :func:`speculative.measure.bench_decode.bench_decode`.
 
     With both tokenizers: raise ValueError unless they are the same (a draft with another tokenizer
     proposes ids that mean other strings; this engine does not translate, unlike transformers'
@@ -341,7 +341,7 @@ def pair(target, draft, target_tokenizer=None, draft_tokenizer=None, prompts: Se
 
 @dataclass
 class HFPair:
-    """A wrapped target and draft, with prompts as token ids: what :func:`speculative.measure.bench.bench_decode`
+    """A wrapped target and draft, with prompts as token ids: what :func:`speculative.measure.bench_decode.bench_decode`
     takes."""
 
     target: HFModel
@@ -364,8 +364,25 @@ def load_pair(target: str, draft: str, prompts: Sequence[str] = (), device="cpu"
     return pair(loaded[0], loaded[2], loaded[1], loaded[3], prompts=prompts)
 
 
+def load_raced_pair(pair_folder: Optional[str] = None, hf_target: Optional[str] = None,
+                    hf_draft: Optional[str] = None, device="cpu", dtype=torch.float32):
+    """The pair a decoding benchmark races: the library pair in ``pair_folder`` (default: the shipped one), or
+    two transformers checkpoints (``hf_target`` and ``hf_draft``) decoding that pair's prompts as text."""
+    from speculative.engine.pair import load_pair as load_library_pair
+
+    if (hf_target is None) != (hf_draft is None):
+        raise ValueError("pass both --hf-target and --hf-draft, or neither")
+    if hf_target and pair_folder:
+        raise ValueError("--pair and --hf-target name two different pairs: pass one")
+    library = load_library_pair(pair_folder, device=device, dtype=dtype)
+    if not hf_target:
+        return library
+    text = [p.decode("utf-8", errors="replace") for p in library.prompts]
+    return load_pair(hf_target, hf_draft, text, device=device, dtype=dtype)
+
+
 # ---------------------------------------------------------------------------------------------------------
-# transformers' own generation, instrumented: the peer in the race (speculative.measure.bench.bench_peer)
+# transformers' own generation, instrumented: the peer in the race (speculative.measure.bench_peer.bench_peer)
 
 #: Draft-length schedules of transformers' assisted generation that the race runs. "default" is what
 #: ``generate(assistant_model=...)`` does when nothing is set (at transformers 5.24: up to 20 drafts, a

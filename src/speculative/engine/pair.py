@@ -25,6 +25,7 @@ import torch
 from speculative.engine.model import GPT, GPTConfig
 
 __all__ = ["PAIR_DIR", "PAIR_FILES", "Pair", "save_pair", "load_pair", "sha256_file", "check_destination",
+           "check_device",
            "write_checksummed"]
 PAIR_DIR = Path(__file__).resolve().parents[1] / "pair"
 PAIR_FILES = ("target.safetensors", "draft.safetensors", "pair.json", "train_log.json", "prompts.json")
@@ -38,6 +39,15 @@ class Pair:
     prompts: list[bytes]  # fixed held-out prompts
     sha256: str  # one hash for the whole pair: the sha256 of its SHA256SUMS file
     folder: Path
+
+
+def check_device(device: str, available: bool = True) -> str:
+    """Return ``device`` when it is ``cpu`` or ``cuda[:N]`` and, with ``available``, torch sees CUDA here."""
+    if device != "cpu" and device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"unknown device {device!r}: use cpu or cuda[:N]")
+    if available and device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} was asked for, but torch sees no CUDA device here")
+    return device
 
 
 def sha256_file(path: Path) -> str:

@@ -154,7 +154,7 @@ class CostModelPolicy(DraftPolicy):
     tokens per unit of time, ``expected_tokens(alpha, k) / (k c + v(k))``.
 
     ``c`` is a draft step and ``v[k]`` a verification over k + 1 positions, both in plain steps (as
-    ``bench.calibrate_steps`` measures them; a k missing from ``v`` is interpolated linearly, and held
+    ``calibration.calibrate_steps`` measures them; a k missing from ``v`` is interpolated linearly, and held
     flat past the last). A verification over more positions does not cost less, but timings on a shared
     machine can say it does (a calibration here once gave v(1) = 1.50 and v(4) = 1.38); the policy would
     then chase the noise and favour the falsely cheap length. So the given costs are replaced by their
@@ -238,7 +238,7 @@ POLICIES = ("fixed", "heuristic", "confidence", "auto")
 def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, max_gamma: int = 8) -> DraftPolicy:
     """Return the policy called ``name`` (:data:`POLICIES`): ``fixed`` at ``gamma``, ``heuristic`` starting
     at ``gamma``, ``confidence`` at transformers' default threshold, ``auto`` from ``calibration`` (a
-    ``bench.calibrate_steps`` result, with ``c`` and ``v`` per gamma); each drafts at most ``max_gamma``."""
+    ``calibration.calibrate_steps`` result, with ``c`` and ``v`` per gamma); each drafts at most ``max_gamma``."""
     if name == "fixed":
         return FixedLength(gamma)
     if name == "heuristic":
@@ -247,6 +247,7 @@ def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, m
         return ConfidenceStop(threshold=defaults.CONFIDENCE_THRESHOLD, max_gamma=max_gamma)
     if name == "auto":
         if calibration is None:
-            raise ValueError("the auto policy needs a calibration (c and v per gamma, from bench.calibrate_steps)")
+            raise ValueError("the auto policy needs a calibration (c and v per gamma, from "
+                             "calibration.calibrate_steps)")
         return CostModelPolicy(c=calibration["c"], v=calibration["v"], max_gamma=max_gamma)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

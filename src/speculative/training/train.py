@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from speculative import defaults
+from speculative.defaults import setting
 from speculative.engine.model import GPT, GPTConfig
 from speculative.engine.pair import Pair, check_destination, load_pair, save_pair
 
@@ -280,6 +281,39 @@ def make_prompts(text: bytes, count: int = defaults.PROMPTS["count"], length: in
     return [text[start:start + length] for start in sorted(rng.sample(line_starts, count))]
 
 
+@dataclass(frozen=True)
+class TrainSettings:
+    """What ``train`` trains (defaults: the shipped pair's shapes and budgets, :mod:`speculative.defaults`):
+    the two budgets in seconds, the draft's distillation weight, both shapes, the context and the seed."""
+
+    target_seconds: float = setting(defaults.TARGET_SECONDS, "time budget for the target")
+    draft_seconds: float = setting(defaults.DRAFT_SECONDS, "time budget for the draft")
+    distill: float = setting(defaults.DISTILL_WEIGHT, "weight of the KL-to-target term for the draft, in [0, 1) "
+                             "(0: off)")
+    target_layers: int = setting(defaults.TARGET_SHAPE["n_layer"], "target blocks")
+    target_width: int = setting(defaults.TARGET_SHAPE["d_model"], "target width (divisible by its heads)")
+    target_heads: int = setting(defaults.TARGET_SHAPE["n_head"], "target attention heads")
+    draft_layers: int = setting(defaults.DRAFT_SHAPE["n_layer"], "draft blocks")
+    draft_width: int = setting(defaults.DRAFT_SHAPE["d_model"], "draft width (divisible by its heads)")
+    draft_heads: int = setting(defaults.DRAFT_SHAPE["n_head"], "draft attention heads")
+    context: int = setting(defaults.CONTEXT, "positions both models hold")
+    seed: int = setting(defaults.TRAIN_SEED, "seed of weights and batches")
+
+    def __post_init__(self):
+        for name in ("target_seconds", "draft_seconds"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.distill < 1:
+            raise ValueError(f"distill must be a number in [0, 1), got {self.distill!r}")
+        self.configs()  # a shape the model cannot take fails here, before any training
+
+    def configs(self) -> tuple[GPTConfig, GPTConfig]:
+        """The target's and the draft's model configurations."""
+        return tuple(GPTConfig(context=self.context, n_layer=getattr(self, f"{role}_layers"),
+                               d_model=getattr(self, f"{role}_width"), n_head=getattr(self, f"{role}_heads"))
+                     for role in ("target", "draft"))
+
+
 def train_pair(
     folder: Path,
     target_config: GPTConfig = GPTConfig(**defaults.TARGET_SHAPE),
@@ -364,6 +398,17 @@ def get_pair(train_small: bool = False, folder: Optional[Path] = None, seconds: 
     return load_pair(folder, device=device, dtype=dtype)
 
 
+def parse_shape(text: str) -> dict:
+    """Return a model shape from ``LAYERSxWIDTH`` (e.g. ``2x128``), with width / 64 heads (at least one)."""
+    try:
+        layers, width = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a shape is LAYERSxWIDTH, e.g. 2x128, got {text!r}") from None
+    if layers < 1 or width < 1:
+        raise ValueError(f"a shape's layers and width must be >= 1, got {text!r}")
+    return {"n_layer": layers, "d_model": width, "n_head": max(1, width // 64)}
+
+
 def parse_candidate(text: str) -> dict:
     """Return a candidate draft from ``NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]`` (init:
     start from the pair's own draft; from=FOLDER: from the candidate draft in FOLDER; either must have that
@@ -371,7 +416,7 @@ def parse_candidate(text: str) -> dict:
     try:
         name, spec = text.split("=", 1)
         shape, objective, seconds, *rest = spec.split(":")
-        layers, width = (int(x) for x in shape.lower().split("x"))
+        shape = parse_shape(shape)
         seconds = float(seconds)
     except ValueError:
         raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]") \
@@ -380,11 +425,10 @@ def parse_candidate(text: str) -> dict:
         raise ValueError(f"candidate {name}: unknown objective {objective!r} (use {', '.join(DISTILL_OBJECTIVES)})")
     start = rest[0] if len(rest) == 1 else None
     if len(rest) > 1 or (start is not None and start != "init" and not (start.startswith("from=") and start[5:])) \
-            or not name or layers < 1 or width < 1 or not 0 < seconds < math.inf:
+            or not name or not 0 < seconds < math.inf:
         raise ValueError(f"candidate {text!r} is not NAME=LAYERSxWIDTH:OBJECTIVE:SECONDS[:init|:from=FOLDER]")
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # it names a folder under --out: nothing that leaves it
         raise ValueError(f"candidate name {name!r} must be letters, digits, '-' or '_'")
-    return {"name": name, "n_layer": layers, "d_model": width, "n_head": max(1, width // 64),
-            "objective": objective, "seconds": seconds, "init": start is not None,
+    return {"name": name, **shape, "objective": objective, "seconds": seconds, "init": start is not None,
             **({"from": start[5:]} if start and start != "init" else {})}
 
