@@ -294,6 +294,21 @@ def _stop(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=15)
+    # the shell may be gone while a child it started is still dying: return once the group is empty
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _group_alive(process.pid):
+        time.sleep(0.05)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of ``group`` is still running (zombies, which hold no resources, do not count)."""
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == group and fields[0] != "Z":
+                    return True
+    return False
 
 
 @contextlib.contextmanager
