@@ -11,7 +11,7 @@ import torch
 
 from conftest import planted_rollback_bug
 from speculative.engine import evaluate
-from speculative.engine.decode import plain_decode, speculative_decode
+from speculative.engine.decode import plain_decode, reuse_prefills, speculative_decode
 from speculative.engine.evaluate import exact_two_byte_law
 from speculative.engine.model import GPT, GPTConfig
 from speculative.engine.pair import load_pair
@@ -52,6 +52,33 @@ def test_a_fixed_gamma_is_the_fixed_policy(pair):
     accepted, lengths = torch.stack(runs[0].accepted), torch.stack(runs[0].lengths)
     assert bool(((lengths == 3) == (accepted >= 0)).all()) and bool((lengths[accepted < 0] == -1).all())
     assert (accepted < 0).any()  # a finished row's -1 was seen
+
+
+def test_reused_prefills_change_no_token_and_are_recomputed_when_the_weights_change(pair, monkeypatch):
+    from speculative.engine import decode
+
+    prompts, sampled = [p[:30 + 7 * i] for i, p in enumerate(pair.prompts[:4])], SamplingConfig(temperature=1.0)
+
+    def runs():
+        return [plain_decode(pair.target, prompts, 8, sampled, torch.Generator().manual_seed(1)).tokens,
+                speculative_decode(pair.target, pair.draft, prompts, 8, 3, sampled,
+                                   torch.Generator().manual_seed(2)).tokens,
+                plain_decode(pair.target, prompts * 2, 8, sampled, torch.Generator().manual_seed(3)).tokens]
+
+    fresh = runs()
+    computed = []
+    real = decode.GPT.forward
+    monkeypatch.setattr(decode.GPT, "forward", lambda self, tokens, *a, **k: (
+        computed.append(tuple(tokens.shape)) if tokens.shape[1] > 20 else None, real(self, tokens, *a, **k))[1])
+    with reuse_prefills():
+        assert runs() == fresh
+        assert len(computed) == 2  # one prefill of the target, one of the draft, for three decodes
+        with torch.no_grad():
+            pair.target.head.weight.add_(0.0)  # an in-place write: the stored prefill is stale
+        plain_decode(pair.target, prompts, 2, sampled)
+        assert len(computed) == 3
+    plain_decode(pair.target, prompts, 2, sampled)  # outside the block nothing is kept
+    assert len(computed) == 4
 
 
 def test_dropping_finished_rows_changes_no_row(pair, monkeypatch):

@@ -1,9 +1,10 @@
 """The whole-engine audit (speculative.audit.engines, audit.audit_engine): its exact laws, its handling of bad
 engines, and that it catches real bugs planted in this library's own engine.
 
-The audit's verdicts on this library's engine in every rule, policy and batch shape, and on the whole
-gallery with each wrong engine's power, are asserted by chapter 12 (notebooks/12_audit_engine.md), which
-`make test` executes; they are not run again here. Each statistical test here rejects at the audit's
+The audit's verdicts on this library's engine in its three basic forms, and on the whole gallery with
+each wrong engine's power, are asserted by chapter 12 (notebooks/12_audit_engine.md), which `make test`
+executes; they are not run again here. The engine's draft-length policies are audited here. Each
+statistical test here rejects at the audit's
 family-wise rate (1e-6, split over the cases it runs), with fixed seeds, so the suite is deterministic.
 """
 
@@ -94,6 +95,15 @@ def _engine_of(module, **options):
         return torch.tensor(out.tokens)
 
     return engine
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", engines.LIBRARY_FORMS[3:], ids=lambda form: "-".join(map(str, form.values())))
+def test_every_draft_length_policy_of_this_librarys_engine_passes_the_audit(battery, form):
+    plain = [case for name, case in battery.items() if "penalty" not in name]
+    report = audit_engine(engines.library_engine(**form), cases=plain)
+    assert report.passed, report.table()
+    assert all(result.n >= 5_000 for result in report.results)  # full-size samples, not a cap
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ Explained in: book/intro (how to run things) and notebooks/04_transforms (the sa
 
 The commands are one table (:data:`COMMANDS`); options shared by several commands are declared once
 (:data:`SHARED`), and a benchmark's options are read from the fields of its settings dataclass
-(:mod:`speculative.measure.settings`), whose defaults and validation are the only ones. A bad input ends the
+(:mod:`speculative.measure.settings`, through :mod:`speculative.options`), whose defaults and validation are
+the only ones. A bad input ends the
 program with exit status 2 and one line on stderr naming the problem, before any long work starts.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import typing
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -35,92 +35,26 @@ from speculative.measure.bench_sampler import bench_sampler
 from speculative.measure.gpu_report import GPUReportSettings, gpu_report
 from speculative.measure.records import write_record
 from speculative.measure.settings import DecodeSettings, DraftsSettings, PeerSettings, PricesSettings, SamplerSettings
-from speculative.training.train import TrainSettings, parse_candidate, parse_shape, train_pair
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block), exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _argument(convert: Callable, many: bool = False, words: Sequence[str] = ()) -> Callable:
-    """An argparse type that converts text (comma-separated parts with ``many``; ``words`` pass as they are);
-    a library ``ValueError`` becomes the one-line usage error."""
-
-    def parse(text: str):
-        parts = [part.strip() for part in text.split(",")] if many else [text]
-        try:
-            values = [part if part in words else convert(part) for part in parts if part]
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error) if convert not in (int, float) else
-                                             f"expected {'comma-separated ' if many else ''}"
-                                             f"{'integers' if convert is int else 'numbers'}, got {text!r}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected a value, got {text!r}")
-        return values if many else values[0]
-
-    parse.__name__ = getattr(convert, "__name__", "value")
-    return parse
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
+from speculative.options import Parser, argument, count, settings_from, settings_options
+from speculative.training.train import TrainSettings, parse_candidate, train_pair
 
 #: Options that several commands take: declared here once, named by key in a command's ``shared``.
 SHARED = {
     "no-progress": (("--no-progress",), {"action": "store_true", "help": "hide progress bars"}),
     "out": (("--out",), {"default": None, "metavar": "FILE", "help": "write the JSON record here"}),
-    "device": (("--device",), {"type": _argument(check_device), "default": "cpu", "help": "cpu or cuda[:N]"}),
+    "device": (("--device",), {"type": argument(check_device), "default": "cpu", "help": "cpu or cuda[:N]"}),
     "dtype": (("--dtype",), {"choices": ("float32", "bfloat16", "float16"), "default": "float32",
                              "help": "weights and cache dtype (half precision is meant for CUDA)"}),
     "pair": (("--pair",), {"default": None, "help": "folder of the model pair (none: the shipped pair)"}),
-    "runs": (("--runs",), {"type": _argument(_count), "default": 1, "help": "independent runs, one after another, "
+    "runs": (("--runs",), {"type": argument(count), "default": 1, "help": "independent runs, one after another, "
                            "each kept in the record's runs list (their spread is the drift between runs)"}),
     "seed": (("--seed",), {"type": int, "default": 0, "help": "seed of the generators"}),
     "json": (("--json",), {"default": None, "metavar": "FILE", "help": "also write the report as JSON here"}),
-    "max-rows": (("--max-rows",), {"type": _argument(_count), "default": None, "help": "cap on each case's sample"}),
+    "max-rows": (("--max-rows",), {"type": argument(count), "default": None, "help": "cap on each case's sample"}),
     "case": (("--case",), {"action": "append", "default": None, "metavar": "TEXT",
                            "help": "audit only the cases whose name contains TEXT (repeatable)"}),
     "force": (("--force",), {"action": "store_true", "help": "replace folders that already hold files"}),
 }
-
-
-def _field_option(field: dataclasses.Field, hints: dict) -> tuple[tuple, dict]:
-    """The option of a settings field: its flag, help, metavar and choices from the field's metadata, its type
-    from its default (a tuple: comma-separated values of its items' type) or its annotation."""
-    meta, default = field.metadata, field.default
-    flags = (meta.get("flag", "--" + field.name.replace("_", "-")),)
-    common = {"dest": field.name, "help": meta["help"]}
-    if meta.get("repeat") or isinstance(default, bool):
-        return flags, {**common, **({"action": "append", "metavar": meta.get("metavar")} if meta.get("repeat")
-                                    else {"action": "store_true"})}
-    if isinstance(default, tuple):
-        kind = type(default[0]) if default else str
-        kind = {"shape": parse_shape}.get(meta.get("parse"), kind)
-        convert, default = _argument(kind, many=True, words=meta.get("words", ())), list(default)
-    else:
-        kind = next((t for t in (int, float, str) if t in typing.get_args(hints[field.name])
-                     or hints[field.name] is t), str)
-        convert = _argument(kind, words=meta.get("words", ()))
-    extra = {"choices": meta["choices"]} if "choices" in meta else {"type": convert}
-    return flags, {**common, "default": default, "metavar": meta.get("metavar"), **extra}
-
-
-def _settings_options(cls, only: Sequence[str] = ()) -> list:
-    hints = typing.get_type_hints(cls)
-    return [_field_option(f, hints) for f in dataclasses.fields(cls)
-            if "help" in f.metadata and (not only or f.name in only)]
-
-
-def _settings(cls, args) -> object:
-    """The settings dataclass filled from the parsed arguments (its own checks run here)."""
-    return cls(**{f.name: tuple(getattr(args, f.name) or ()) if f.metadata.get("repeat") else getattr(args, f.name)
-                  for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
 def _opt(*flags, **kwargs) -> tuple:
@@ -166,14 +100,14 @@ def _run_audit(args) -> int:
 
 
 def _run_audit_engine(args) -> int:
-    options = _settings(commands.EngineAuditOptions, args)
+    options = settings_from(commands.EngineAuditOptions, args)
     text, data, passed = commands.run_engine_audit(args.engine, options, args.case, args.seed, args.max_rows,
                                                    not args.no_progress)
     return _report(text, data, args.json, passed)
 
 
 def _run_bench_sampler(args) -> int:
-    return _write(bench_sampler(_settings(SamplerSettings, args), progress=not args.no_progress),
+    return _write(bench_sampler(settings_from(SamplerSettings, args), progress=not args.no_progress),
                   report.format_sampler_table, args.out)
 
 
@@ -185,14 +119,14 @@ def _race(args, pair, settings, once: tuple, several: tuple) -> int:
 
 
 def _run_bench_decode(args) -> int:
-    settings = _settings(DecodeSettings, args)
+    settings = settings_from(DecodeSettings, args)
     pair = load_raced_pair(args.pair, args.hf_target, args.hf_draft, args.device, getattr(torch, args.dtype))
     return _race(args, pair, settings, (bench_decode, report.format_decode_table),
                  (bench_decode_runs, report.format_runs_table))
 
 
 def _run_bench_peer(args) -> int:
-    settings = _settings(PeerSettings, args)
+    settings = settings_from(PeerSettings, args)
     pair = load_pair(args.pair, device=args.device, dtype=getattr(torch, args.dtype))
     pair = drafts.with_draft(pair, args.draft) if args.draft else pair
     return _race(args, pair, settings, (bench_peer, report.format_peer_table),
@@ -200,7 +134,7 @@ def _run_bench_peer(args) -> int:
 
 
 def _run_bench_prices(args) -> int:
-    settings, pair = _settings(PricesSettings, args), load_pair(device=args.device, dtype=torch.float32)
+    settings, pair = settings_from(PricesSettings, args), load_pair(device=args.device, dtype=torch.float32)
     record = drafts.prices_record(pair.target, list(settings.shapes), list(settings.widths),
                                   encode_prompts(pair.prompts[:1]), repeats=settings.repeats,
                                   progress=not args.no_progress)
@@ -210,14 +144,14 @@ def _run_bench_prices(args) -> int:
 
 def _run_bench_agreement(args) -> int:
     pair = load_pair(args.pair)
-    temperatures = _settings(DraftsSettings, args).temperatures
+    temperatures = settings_from(DraftsSettings, args).temperatures
     record = drafts.measure_agreement(pair, drafts.raced_drafts(pair, args.draft), list(temperatures))
     record["results"] = analyse(record)
     return _write(record, report.format_agreement_table, args.out)
 
 
 def _run_bench_drafts(args) -> int:
-    settings = _settings(DraftsSettings, args)
+    settings = settings_from(DraftsSettings, args)
     pair = load_pair(args.pair)
     record = bench_drafts(pair, drafts.raced_drafts(pair, args.draft, args.compiled), settings, runs=args.runs,
                           progress=not args.no_progress, profile=not args.no_profile)
@@ -225,13 +159,13 @@ def _run_bench_drafts(args) -> int:
 
 
 def _run_gpu_report(args) -> int:
-    settings = _settings(GPUReportSettings, args)
+    settings = settings_from(GPUReportSettings, args)
     gpu_report(device=settings.device, out_dir=settings.out_dir, budget_s=settings.budget)
     return 0
 
 
 def _run_train(args) -> int:
-    settings = _settings(TrainSettings, args)
+    settings = settings_from(TrainSettings, args)
     digest = train_pair(args.out, *settings.configs(), settings.target_seconds, settings.draft_seconds,
                         settings.distill, args.device, settings.seed, progress=not args.no_progress,
                         reuse_target=args.reuse_target, draft_init=args.draft_init, overwrite=args.force)
@@ -240,7 +174,7 @@ def _run_train(args) -> int:
 
 
 def _run_train_draft(args) -> int:
-    settings = _settings(drafts.DistillSettings, args)
+    settings = settings_from(drafts.DistillSettings, args)
     digests = drafts.train_drafts(load_pair(args.pair), args.out, args.candidate, settings.sampled_windows,
                                   settings.text_windows, settings.seed, progress=not args.no_progress,
                                   overwrite=args.force)
@@ -320,7 +254,7 @@ COMMANDS = (
     Command(("bench", "drafts"), "plain decoding and each draft, side by side, in independent runs",
             _run_bench_drafts, (
         _DRAFT_FOLDERS,
-        _opt("--runs", type=_argument(_count), default=defaults.BENCH_DRAFTS["runs"],
+        _opt("--runs", type=argument(count), default=defaults.BENCH_DRAFTS["runs"],
              help="independent runs, one after another"),
         _opt("--no-profile", action="store_true", help="skip the profile of a block that ends each run"),
         _opt("--compiled", action="store_true", help="race each draft also with torch.compile on its forward "
@@ -339,7 +273,7 @@ COMMANDS = (
     Command(("train-draft",), "distil candidate drafts from a pair's target, each saved in a folder of its own",
             _run_train_draft, (
         _opt("--out", required=True, help="folder for the candidates, one subfolder each"),
-        _opt("--candidate", type=_argument(parse_candidate), action="append", required=True,
+        _opt("--candidate", type=argument(parse_candidate), action="append", required=True,
              metavar="NAME=LxW:OBJECTIVE:SECONDS[:init]", help="a candidate: shape, loss (kl, tv, mixed), seconds "
              "of training, and init (from the pair's draft) or from=FOLDER (a candidate's); repeat for more"),
     ), drafts.DistillSettings, ("pair", "force", "no-progress")),
@@ -355,9 +289,9 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     """The parser of :data:`COMMANDS`: one subparser per command (``bench`` holds the benchmarks)."""
     formatter = argparse.ArgumentDefaultsHelpFormatter
-    parser = _Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
+    parser = Parser(prog="python -m speculative", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"speculative {__version__}")
-    top = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    top = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     groups = {}
     for command in COMMANDS:
         place = top
@@ -366,12 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
                 group = top.add_parser(command.words[0], help="measure, side by side, and write a JSON record",
                                        formatter_class=formatter)
                 names = ",".join(c.words[1] for c in COMMANDS if c.words[0] == command.words[0])
-                groups[command.words[0]] = group.add_subparsers(dest="target", required=True, parser_class=_Parser,
+                groups[command.words[0]] = group.add_subparsers(dest="target", required=True, parser_class=Parser,
                                                                 metavar=f"{{{names}}}")
             place = groups[command.words[0]]
         sub = place.add_parser(command.words[-1], help=command.help, description=command.help,
                                formatter_class=formatter)
-        options = [*command.options, *(_settings_options(command.settings, command.fields) if command.settings else []),
+        options = [*command.options, *(settings_options(command.settings, command.fields) if command.settings else []),
                    *(SHARED[name] for name in command.shared)]
         for flags, kwargs in options:
             sub.add_argument(*flags, **kwargs)

@@ -17,7 +17,17 @@ import torch
 
 from speculative.sampling.transforms import SamplingConfig
 
-__all__ = ["library_engine", "hf_engine", "HF_CONFIGURATIONS"]
+__all__ = ["library_engine", "LIBRARY_FORMS", "hf_engine", "HF_CONFIGURATIONS"]
+
+#: The forms of this library's engine that the audit runs (:func:`library_engine`'s options): a fixed
+#: length under each rule and in a batch of mixed prompt lengths (chapter 12 audits these three), then
+#: every draft-length policy with each row's own length under both rules, and the policies whose length
+#: can differ from row to row with a length the batch shares (``tests/test_engine_audit.py`` audits all).
+LIBRARY_FORMS = ({}, {"rule": "block"}, {"mixed": True}) + tuple(
+    {"policy": policy, "rule": rule, "per_row": per_row} for policy, rule, per_row in [
+        ("heuristic", "token", True), ("confidence", "token", True), ("auto", "token", True),
+        ("heuristic", "block", True), ("confidence", "block", True), ("auto", "block", True),
+        ("confidence", "token", False), ("auto", "token", False), ("confidence", "block", False)])
 
 
 def library_engine(gamma=2, rule: str = "token", per_row: bool = False, mixed: bool = False,

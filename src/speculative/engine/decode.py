@@ -33,6 +33,7 @@ Timing is not done here: pass a :class:`timing.Clock`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
@@ -46,7 +47,7 @@ from speculative.sampling.sampler import categorical, greedy_verify, rule_sample
 from speculative.sampling.transforms import SamplingConfig, logits_problem, logits_to_probs, refuse_penalty
 
 __all__ = ["DecodeResult", "DecodingError", "plain_decode", "speculative_decode", "encode_prompts", "check_room",
-           "prefill"]
+           "prefill", "reuse_prefills"]
 
 Prompt = Union[bytes, str, Sequence[int]]
 
@@ -96,16 +97,23 @@ def _timed(result: DecodeResult, clock: Clock) -> DecodeResult:
 
 
 def encode_prompts(prompts: Sequence[Prompt], vocab_size: int = 256) -> list[list[int]]:
-    """Return prompts as lists of token ids; raise on an empty list, an empty prompt or an id out of range."""
+    """Return prompts as lists of token ids; raise on an empty list, an empty prompt or an id out of range.
+
+    One prompt object repeated many times (``[prompt] * n``: the distribution tests decode thousands of
+    rows of one prompt) is checked once; its rows share one list, which no caller writes to."""
     if isinstance(prompts, (bytes, str)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts (bytes, str or lists of byte ids)")
-    encoded = []
+    encoded, seen = [], {}
     for index, prompt in enumerate(prompts):
+        if id(prompt) in seen:
+            encoded.append(seen[id(prompt)])
+            continue
         ids = list(prompt.encode("utf-8") if isinstance(prompt, str) else prompt)
         if not ids:
             raise ValueError(f"prompt {index} is empty: decoding needs at least one token of context")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
             raise ValueError(f"prompt {index} holds ids that are not integers in [0, {vocab_size})")
+        seen[id(prompt)] = ids
         encoded.append(ids)
     return encoded
 
@@ -125,10 +133,43 @@ def check_room(model: GPT, prompts: list[list[int]], max_new_tokens: int, lookah
 
 
 def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row[:width], dtype=torch.long)
-    return out.to(device)
+    """Return rows as a (len(rows), width) tensor: cut to ``width``, right-padded with zeros."""
+    return torch.tensor([row[:width] + [0] * (width - len(row[:width])) for row in rows], dtype=torch.long,
+                        device=device)
+
+
+_PREFILLS: Optional[dict] = None  # inside reuse_prefills(): (model, prompts) -> (weights' versions, keys, values)
+
+
+@contextlib.contextmanager
+def reuse_prefills():
+    """Inside the block, :func:`prefill` computes the cache of one model on one list of prompts once and
+    hands every later call a copy of it (several decoders run on the same prompts: a score compared
+    across samplers). The prefill of a model whose weights changed in the meantime is computed again."""
+    global _PREFILLS
+    outer, _PREFILLS = _PREFILLS, {} if _PREFILLS is None else _PREFILLS
+    try:
+        yield
+    finally:
+        _PREFILLS = outer
+
+
+def _prefill_unique(model: GPT, unique: list[tuple], length: int) -> KVCache:
+    """The cache of positions 0 .. n-2 of each of the ``unique`` prompts, ``length`` positions long."""
+    cache = model.new_cache(len(unique), length=length)
+    width = max(len(p) for p in unique) - 1
+    if width == 0:
+        return cache
+    key = (id(model), model.device, model.dtype, tuple(unique))
+    versions = tuple(p._version for p in model.parameters())
+    stored = None if _PREFILLS is None else _PREFILLS.get(key)
+    if stored is not None and stored[0] == versions:
+        cache.keys[:, :, :width], cache.values[:, :, :width] = stored[1], stored[2]
+        return cache
+    model(_padded([list(p[:-1]) for p in unique], width, model.device), 0, cache, check=False)
+    if _PREFILLS is not None:  # the positions the prefill wrote, copied
+        _PREFILLS[key] = (versions, cache.keys[:, :, :width].clone(), cache.values[:, :, :width].clone())
+    return cache
 
 
 @torch.no_grad()
@@ -136,15 +177,13 @@ def prefill(model: GPT, rows: list[list[int]], length: int) -> KVCache:
     """Return a cache of ``length`` positions holding positions 0 .. n-2 of every row (right-padded;
     padding is never attended). ``rows`` are checked token ids (see :func:`encode_prompts`).
 
-    Identical prompts are prefilled once and their cache rows copied.
+    Identical prompts are prefilled once and their cache rows copied; inside :func:`reuse_prefills`, so
+    are identical lists of prompts across calls.
     """
     device = model.device
     unique = sorted({tuple(p) for p in rows})
     slot = {p: i for i, p in enumerate(unique)}
-    cache = model.new_cache(len(unique), length=length)
-    width = max(len(p) for p in unique) - 1
-    if width > 0:
-        model(_padded([list(p[:-1]) for p in unique], width, device), 0, cache, check=False)
+    cache = _prefill_unique(model, unique, length)
     if len(unique) == len(rows) and all(slot[tuple(p)] == i for i, p in enumerate(rows)):
         return cache
     if len(unique) == 1:  # one prompt many times (the distribution tests): a broadcast copy is cheaper
