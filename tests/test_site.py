@@ -87,6 +87,19 @@ def test_math_reaches_the_pages(pages):
     assert r"\min" in text
 
 
+def test_every_page_with_math_typesets_it_offline_and_no_title_holds_math(pages):
+    for page in pages:
+        text = page.read_text(errors="replace")
+        parser = _Loads()
+        parser.feed(text)
+        if 'class="math' in text or "\\(" in text:
+            assert any("mathjax" in u.lower() and not _remote(u) for u in parser.loads), f"{page}: math, no MathJax"
+        # the navigation and the page titles are not typeset: a heading written with $...$ shows as TeX source
+        titles = re.findall(r"<title>(.*?)</title>", text) + re.findall(r'class="reference internal"[^>]*>(.*?)</a>',
+                                                                         text, re.S)
+        assert not [t for t in titles if "\\(" in t or "$" in t], f"{page}: TeX in a title or a link"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_colab_button_opens_the_paired_ipynb_on_main(pages, chapter):
     page = (HTML / "notebooks" / f"{chapter}.html").read_text()
