@@ -152,3 +152,30 @@ def test_the_shared_inverse_cdf_gives_the_invalid_id_only_where_a_pitfall_asks_f
     assert inverse_cdf(weights, uniforms, normalise=False).tolist() == [1, 3, 3, 3]  # ... clamped to V - 1
     nan = torch.zeros(4, dtype=torch.float64) / 0  # a zero residual divided anyway
     assert inverse_cdf(nan, uniforms, normalise=False, clamp=False).tolist() == [4] * 4
+
+
+def test_the_torch_law_of_resampling_from_p_is_the_exact_one():
+    entry = next(p for p in PITFALLS if p.key == "resample_from_target")
+    p, q = [F(1, 2), F(1, 3), F(1, 6)], [F(1, 6), F(1, 2), F(1, 3)]
+    exact = entry.exact_law(p, q)[:3]
+    torched = pitfalls.resample_from_target_law(torch.tensor([[float(v) for v in p]], dtype=torch.float64),
+                                                torch.tensor([[float(v) for v in q]], dtype=torch.float64))[0]
+    assert torched.tolist() == pytest.approx([float(v) for v in exact], abs=1e-15)
+    assert total_variation(exact, p) > 0
+
+
+def test_the_two_byte_law_of_the_resampling_sampler_is_what_it_emits(law_pair):
+    from speculative.engine.decode import speculative_decode
+    from speculative.engine.evaluate import exact_two_byte_law
+    from speculative.sampling.transforms import SamplingConfig
+
+    config = SamplingConfig(temperature=1.0)
+    prompt = law_pair.prompts[0]
+    law = exact_two_byte_law(law_pair.target, prompt, config, draft=law_pair.draft,
+                             step=pitfalls.resample_from_target_law).reshape(-1).tolist()
+    target_law = exact_two_byte_law(law_pair.target, prompt, config).reshape(-1).tolist()
+    out = speculative_decode(law_pair.target, law_pair.draft, [prompt] * 4000, 2, 4, config,
+                             torch.Generator().manual_seed(8), sampler=pitfalls.resample_from_target_sampler())
+    counts = stats.counts_of([t[0] * 256 + t[1] for t in out.tokens], 256 * 256)
+    assert stats.goodness_of_fit(counts, law).p_value >= stats.FALSE_ALARM_RATE
+    assert stats.power(len(out.tokens), target_law, law) < stats.power(100 * len(out.tokens), target_law, law)

@@ -406,6 +406,15 @@ def typical_acceptance_sampler(epsilon: float = float(TYPICAL_EPSILON)) -> Calla
     return _batched_rule(lambda p, q, generator: p >= epsilon)
 
 
+def resample_from_target_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The law of one position under entry "resample_from_target", for rows of p and q: the accepted
+    drafts, min(p, q), plus the rejected mass 1 - sum min(p, q) drawn from p. It is the same at every
+    position of a block, so ``evaluate.exact_two_byte_law(..., step=resample_from_target_law)`` gives the
+    exact law of :func:`resample_from_target_sampler`'s first two tokens."""
+    kept = torch.minimum(p, q)
+    return kept + (1 - kept.sum(-1, keepdim=True)) * p
+
+
 def resample_from_target_sampler() -> Callable:
     """Return a batched verification rule with ``rejection_sample``'s signature that makes the mistake of
     entry "resample_from_target": the acceptance test is the correct one (keep x with probability

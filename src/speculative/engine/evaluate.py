@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,22 +24,32 @@ __all__ = ["exact_two_byte_law", "exact_sequence_law", "completion_bits_per_byte
 
 
 @torch.no_grad()
-def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = SamplingConfig()) -> torch.Tensor:
-    """Return the exact law (V, V) of the first two tokens the target emits after ``prompt``.
+def exact_two_byte_law(target: GPT, prompt: Prompt, config: SamplingConfig = SamplingConfig(), draft: GPT = None,
+                       step: Callable = None) -> torch.Tensor:
+    """Return the exact law (V, V) of the first two tokens emitted after ``prompt``.
 
     One forward gives the first token's distribution p1; one batched forward over the V possible first
-    tokens gives each p2(. | a). The law is p1(a) p2(b | a), after the sampling transforms in ``config``.
+    tokens gives each p2(. | a). The law is p1(a) p2(b | a), after the sampling transforms in ``config``:
+    the target's own law, which a lossless decoder keeps. With ``draft`` and ``step``, it is the law of a
+    decoder whose token at each position has the law ``step(p, q)`` (rows of p and q: the target's and
+    the draft's distributions at that context), whatever happened at the position before: a verification
+    rule whose slip is the same at every position (the resampling pitfall, say), not one whose law
+    depends on where in a block the position falls.
     """
+    if (draft is None) != (step is None):
+        raise ValueError("pass draft and step together, or neither")
     vocab = target.config.vocab_size
     ids = encode_prompts([prompt], vocab)[0]
     if len(ids) + 1 > target.config.context:
         raise ValueError("the prompt leaves no room for two more tokens in the context")
     device = target.device
     prefix = torch.tensor([ids], device=device)
-    first = logits_to_probs(target(prefix)[:, -1], config)[0].double()  # (V,)
     extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab, device=device).unsqueeze(1)], 1)
-    second = logits_to_probs(target(extended)[:, -1], config).double()  # (V, V): row a is p2(. | a)
-    law = first.unsqueeze(1) * second
+    first, second = (logits_to_probs(target(x)[:, -1], config).double() for x in (prefix, extended))
+    if step is not None:
+        first, second = (step(p, logits_to_probs(draft(x)[:, -1], config).double())
+                         for p, x in ((first, prefix), (second, extended)))
+    law = first[0].unsqueeze(1) * second  # row a: p1(a) p2(. | a)
     return law / law.sum()
 
 
