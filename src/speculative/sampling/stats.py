@@ -63,7 +63,7 @@ def counts_of(samples, num_outcomes: int) -> np.ndarray:
 
 
 def _as_probs(probs: Sequence, size: int) -> np.ndarray:
-    expected = np.array([float(v) for v in probs], dtype=np.float64)
+    expected = np.array(probs, dtype=np.float64)
     if expected.shape != (size,):
         raise ValueError(f"probs has {expected.size} entries but counts has {size}")
     if not np.all(np.isfinite(expected)) or np.any(expected < 0):
@@ -80,8 +80,9 @@ def _pool(expected: np.ndarray, *observed: np.ndarray, min_expected: float = 5.0
     arrays = [expected[order]] + [o[order] for o in observed]
     split = int((arrays[0] < min_expected).sum())  # the sparse cells form the sorted head
     if split:
-        while arrays[0][:split].sum() < min_expected and split < arrays[0].size:
-            split += 1
+        # grow the head until its sum reaches min_expected: the first index where the running sum does
+        reached = np.flatnonzero(np.cumsum(arrays[0]) >= min_expected)
+        split = max(split, int(reached[0]) + 1 if reached.size else arrays[0].size)
         arrays = [np.concatenate([[x[:split].sum()], x[split:]]) for x in arrays]
     return tuple(arrays)
 
@@ -250,7 +251,7 @@ def power(n: int, null_probs: Sequence, alternative: Sequence, false_alarm: floa
     """Return the probability that :func:`goodness_of_fit` with ``n`` samples rejects ``null_probs`` when the
     samples really follow ``alternative`` (cells pooled as the test pools them; noncentral chi-square
     approximation, plus the chance of at least one sample on an outcome the null rules out)."""
-    null = np.array([float(v) for v in null_probs], dtype=np.float64)
+    null = np.array(null_probs, dtype=np.float64)
     alt = _as_probs(alternative, null.size)
     support = null > 0
     impossible = float(alt[~support].sum())
