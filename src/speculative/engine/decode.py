@@ -160,8 +160,9 @@ def _prefill_unique(model: GPT, unique: list[tuple], length: int) -> KVCache:
     width = max(len(p) for p in unique) - 1
     if width == 0:
         return cache
-    key = (id(model), model.device, model.dtype, tuple(unique))
-    versions = tuple(p._version for p in model.parameters())
+    if _PREFILLS is not None:  # only here: a wrapped model need not have parameters or a dtype
+        key = (id(model), model.device, tuple(unique))
+        versions = tuple(p._version for p in model.parameters())
     stored = None if _PREFILLS is None else _PREFILLS.get(key)
     if stored is not None and stored[0] == versions:
         cache.keys[:, :, :width], cache.values[:, :, :width] = stored[1], stored[2]
