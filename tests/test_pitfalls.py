@@ -177,5 +177,6 @@ def test_the_two_byte_law_of_the_resampling_sampler_is_what_it_emits(law_pair):
     out = speculative_decode(law_pair.target, law_pair.draft, [prompt] * 4000, 2, 4, config,
                              torch.Generator().manual_seed(8), sampler=pitfalls.resample_from_target_sampler())
     counts = stats.counts_of([t[0] * 256 + t[1] for t in out.tokens], 256 * 256)
+    # a chi-square test of the emitted rows against the computed wrong law, false alarm 1e-6 (fixed seed)
     assert stats.goodness_of_fit(counts, law).p_value >= stats.FALSE_ALARM_RATE
-    assert stats.power(len(out.tokens), target_law, law) < stats.power(100 * len(out.tokens), target_law, law)
+    assert 0.5 * sum(abs(a - b) for a, b in zip(law, target_law)) > 1e-3  # and that law is not the target's

@@ -33,3 +33,16 @@ def test_every_printed_interval_of_the_committed_records_is_on_the_side_of_1_it_
     for shown, actual in zip(printed, bounds):
         for text, value in zip(shown, actual):
             assert (float(text) < 1) == (value < 1) and (float(text) > 1) == (value > 1), (text, value)
+
+
+def test_markdown_tables_keep_cells_as_given_and_align_each_column():
+    from speculative.measure.report import markdown_table
+
+    text = markdown_table([["a", "1.50", "x"], ["bb", "10", "yy"]], ["name", "value", "note"], "lrc")
+    header, rule, first, _ = text.splitlines()
+    assert [(c.startswith(":"), c.endswith(":")) for c in rule.strip("|").split("|")] == [
+        (True, False), (False, True), (True, True)]
+    assert "1.50" in first  # not re-formatted as a number
+    assert markdown_table([["a", "1"]], ["x", "y"]).splitlines()[1] == "|:----|----:|"  # default: l, then r
+    with pytest.raises(ValueError, match="one of l, r, c per column"):
+        markdown_table([["a"]], ["x", "y"], "l")

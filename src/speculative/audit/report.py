@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from tabulate import tabulate
+from speculative.measure.report import markdown_table
 
 __all__ = ["CaseResult", "AuditReport", "EngineReport"]
 
@@ -90,8 +90,7 @@ def _cells(r: CaseResult) -> list[str]:
 def _markdown(rows: list[list[str]], headers: list[str]) -> str:
     """A Markdown table of text cells: the first column (the case) and the last (the verdict) to the left,
     the figures between them to the right."""
-    align = ("left",) + ("right",) * (len(headers) - 2) + ("left",)
-    return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+    return markdown_table(rows, headers, "l" + "r" * (len(headers) - 2) + "l")
 
 
 def _readable(value: float) -> str:

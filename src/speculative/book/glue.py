@@ -13,7 +13,7 @@ from numbers import Rational
 from pathlib import Path
 
 from speculative import defaults
-from speculative.measure.report import Shown, as_text, scientific
+from speculative.measure.report import Shown, as_text, markdown_table, scientific
 
 __all__ = ["Shown", "as_text", "cite", "scientific", "glue", "table", "pick_device", "demo_settings", "results_dir",
            "named_drafts", "load_record", "load_records"]
@@ -55,18 +55,11 @@ def glue(name: str, value, display: bool = False) -> None:
 
 
 def table(rows, headers, align: str = ""):
-    """Return a Markdown table (an IPython ``Markdown`` object) of ``rows`` under ``headers``, made by
-    :func:`tabulate.tabulate`. Cells are shown as given (format numbers before); ``align`` holds one
-    letter per column, ``l``, ``r`` or ``c`` (default: the first column left, the others right)."""
+    """Return :func:`measure.report.markdown_table` of ``rows`` under ``headers`` as an IPython ``Markdown``
+    object, which a chapter's cell shows as a table."""
     from IPython.display import Markdown
-    from tabulate import tabulate
 
-    align = align or "l" + "r" * (len(headers) - 1)
-    if len(align) != len(headers) or set(align) - set("lrc"):
-        raise ValueError(f"align needs one of l, r, c per column ({len(headers)}), got {align!r}")
-    names = {"l": "left", "r": "right", "c": "center"}
-    return Markdown(tabulate([[str(cell) for cell in row] for row in rows], headers=list(headers), tablefmt="pipe",
-                             colalign=[names[a] for a in align], disable_numparse=True))
+    return Markdown(markdown_table(rows, headers, align))
 
 
 def pick_device() -> str:

@@ -138,7 +138,8 @@ def _padded(rows: list[list[int]], width: int, device) -> torch.Tensor:
                         device=device)
 
 
-_PREFILLS: Optional[dict] = None  # inside reuse_prefills(): (model, prompts) -> (weights' versions, keys, values)
+#: inside reuse_prefills(): (model id, prompts) -> ((model, device, weights' versions), keys, values)
+_PREFILLS: Optional[dict] = None
 
 
 @contextlib.contextmanager
@@ -160,16 +161,18 @@ def _prefill_unique(model: GPT, unique: list[tuple], length: int) -> KVCache:
     width = max(len(p) for p in unique) - 1
     if width == 0:
         return cache
-    if _PREFILLS is not None:  # only here: a wrapped model need not have parameters or a dtype
-        key = (id(model), model.device, tuple(unique))
-        versions = tuple(p._version for p in model.parameters())
-    stored = None if _PREFILLS is None else _PREFILLS.get(key)
-    if stored is not None and stored[0] == versions:
-        cache.keys[:, :, :width], cache.values[:, :, :width] = stored[1], stored[2]
-        return cache
+    state = None
+    if _PREFILLS is not None:  # only inside the block: a wrapped model (hf.wrap) has no parameters to read
+        key = (id(model), tuple(unique))
+        state = (model, model.device, tuple(p._version for p in model.parameters()))
+        stored = _PREFILLS.get(key)
+        if stored is not None and stored[0][0] is model and stored[0][1:] == state[1:]:
+            cache.keys[:, :, :width], cache.values[:, :, :width] = stored[1], stored[2]
+            return cache
     model(_padded([list(p[:-1]) for p in unique], width, model.device), 0, cache, check=False)
-    if _PREFILLS is not None:  # the positions the prefill wrote, copied
-        _PREFILLS[key] = (versions, cache.keys[:, :, :width].clone(), cache.values[:, :, :width].clone())
+    if state is not None:  # the positions the prefill wrote, copied; the model itself, so that an id reused
+        # by another model after this one is freed cannot match
+        _PREFILLS[key] = (state, cache.keys[:, :, :width].clone(), cache.values[:, :, :width].clone())
     return cache
 
 

@@ -64,9 +64,9 @@ def scientific(value: float, digits: int = 2) -> Shown:
 
 
 
-__all__ = ["describe_machine", "ratio_bound", "format_sampler_table", "format_decode_table", "format_peer_table",
-           "format_runs_table", "format_peer_runs_table", "format_prices_table", "format_agreement_table",
-           "format_drafts_table", "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
+__all__ = ["describe_machine", "ratio_bound", "markdown_table", "format_sampler_table", "format_decode_table",
+           "format_peer_table", "format_runs_table", "format_peer_runs_table", "format_prices_table",
+           "format_agreement_table", "format_drafts_table", "SAMPLER_LEGEND", "DECODE_LEGEND", "PEER_LEGEND"]
 
 
 def describe_machine(environment: dict) -> str:
@@ -96,11 +96,23 @@ def ratio_bound(value: float, digits: int = 2) -> str:
     return text
 
 
+def markdown_table(rows, headers, align: str = "") -> str:
+    """Return a Markdown pipe table of ``rows`` under ``headers`` by :func:`tabulate.tabulate`. Cells are shown
+    as given (format numbers before); ``align`` holds one letter per column, ``l``, ``r`` or ``c`` (default:
+    the first column left, the others right)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    if len(align) != len(headers) or set(align) - set("lrc"):
+        raise ValueError(f"align needs one of l, r, c per column ({len(headers)}), got {align!r}")
+    names = {"l": "left", "r": "right", "c": "center"}
+    return tabulate([[str(cell) for cell in row] for row in rows], headers=list(headers), tablefmt="pipe",
+                    colalign=[names[a] for a in align], disable_numparse=True)
+
+
 def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown: bool) -> str:
     """Return a table of cells already formatted, every column right-aligned, by :func:`tabulate.tabulate`: plain
     text (for a terminal) or a Markdown pipe table (for a page), then the notes under it."""
-    table = tabulate(rows, headers, tablefmt="pipe" if markdown else "plain", colalign=("right",) * len(headers),
-                     disable_numparse=True)
+    table = markdown_table(rows, headers, "r" * len(headers)) if markdown else \
+        tabulate(rows, headers, tablefmt="plain", colalign=("right",) * len(headers), disable_numparse=True)
     if markdown:
         return "\n".join([table, ""] + [f"{note}\n" for note in notes]).rstrip() + "\n"
     return "\n".join([table] + notes)
