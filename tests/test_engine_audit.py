@@ -4,8 +4,8 @@ engines, and that it catches real bugs planted in this library's own engine.
 The audit's verdicts on this library's engine in its three basic forms, and on the whole gallery with
 each wrong engine's power, are asserted by chapter 12 (notebooks/12_audit_engine.md), which `make test`
 executes; they are not run again here. The engine's draft-length policies are audited here. Each
-statistical test here rejects at the audit's
-family-wise rate (1e-6, split over the cases it runs), with fixed seeds, so the suite is deterministic.
+statistical test here rejects at the audit's family-wise rate (1e-6, split over the cases it runs), with
+fixed seeds, so the suite is deterministic.
 """
 
 import importlib
