@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
+from speculative.exact.lossy_laws import greedy_law
 from speculative.exact.pitfall_laws import (
     LENIENCE,
     PEEK_THRESHOLD,
@@ -46,6 +47,7 @@ from speculative.exact.pitfall_laws import (
     exact_typical_acceptance,
     exact_unguarded_zero_residual,
     exact_unnormalized_residual,
+    extend,
 )
 from speculative.exact.rule import normalized_residual, validate_pair
 from speculative.sampling.draws import inverse_cdf
@@ -228,11 +230,18 @@ class Pitfall:
     options: dict = field(default_factory=dict)  # extra arguments both forms take on the demo pair
     cites: tuple = ()  # keys in book/references.bib of the sources named in seen_in
     lossless: bool = False  # True only for the fix
+    greedy: bool = False  # a greedy rule: its lawful output is the target's arg-max, not a draw from p
 
     def exact_law(self, p=None, q=None) -> list[Fraction]:
         """Return the exact law (V + 1 entries) on (p, q), by default on the pitfall's demo pair."""
         return self.exact(list(p if p is not None else self.demo_p), list(q if q is not None else self.demo_q),
                           **self.options)
+
+    def target_law(self, p=None) -> list[Fraction]:
+        """Return the law a lawful rule emits on p (V + 1 entries): p itself, or, for a greedy rule, one-hot
+        at p's arg-max."""
+        p = list(p if p is not None else self.demo_p)
+        return greedy_law(p) if self.greedy else extend(p)
 
     def draw(self, n: int, generator: torch.Generator, p=None, q=None) -> torch.Tensor:
         """Return n sampled token ids (V = invalid) on (p, q), by default on the demo pair."""
