@@ -199,6 +199,8 @@ def test_citation_file_names_every_author_the_bibliography_names():
 #: over the word budget and being cut (none is), and the list may only shrink
 WORDS, SHOWN_LINES = 3_000, 33
 OVER_WORDS = set()
+#: the whole book's chapters (notebooks/), however much is added (issue 45)
+BOOK_WORDS = 26_000
 
 
 def prose_words(text: str) -> int:
@@ -224,6 +226,11 @@ def test_prose_words_count_text_not_code():
     assert prose_words(page) == 5
     hidden = "```{code-cell} ipython3\n:tags: [hide-input]\n\na\nb\n```\n```{code-cell} ipython3\na\nb\nc\n```"
     assert shown_cells(hidden) == [(3, "a")]
+
+
+def test_the_chapters_together_stay_within_the_books_word_budget():
+    words = {md.stem: prose_words(md.read_text()) for md in CHAPTERS}
+    assert sum(words.values()) <= BOOK_WORDS, f"{sum(words.values())} words of prose in all: {words}"
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.stem)
