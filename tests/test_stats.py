@@ -36,6 +36,19 @@ def test_sparse_cells_are_pooled():
     assert result.cells == 2  # the 20 sparse cells form one pool of expected 10
 
 
+def test_pooled_cells_are_the_cells_the_test_uses():
+    rng = np.random.default_rng(3)
+    probs = np.concatenate([[0.6, 0.2], np.full(40, 0.2 / 40)])
+    other = np.concatenate([[0.5, 0.3], np.full(40, 0.2 / 40)])
+    counts = rng.multinomial(300, probs)
+    expected, observed, other_expected = stats.pooled_cells(counts, probs, other)
+    result = stats.goodness_of_fit(counts, probs)
+    assert expected.size == observed.size == other_expected.size == result.cells == 3  # the pool, then two cells
+    assert observed.sum() == counts.sum() and expected.sum() == pytest.approx(300) == other_expected.sum()
+    assert float(((observed - expected) ** 2 / expected).sum()) == pytest.approx(result.statistic)
+    assert expected[0] == pytest.approx(300 * 0.2) and other_expected[-1] == pytest.approx(300 * 0.5)
+
+
 def test_false_alarm_rate_is_what_the_p_value_says():
     # Under the null, P(p-value < 0.01) should be about 0.01; with 4000 fixed-seed trials the count of
     # alarms is Binomial(4000, 0.01): mean 40, sd 6.3. The band [15, 70] is over 4 sd wide each side.

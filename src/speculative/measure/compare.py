@@ -69,15 +69,16 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     one configuration made by different benchmark runs (on other days, in other orders), so their spread
     is the drift between independent runs that no within-run interval covers.
 
-    Only records of the same pair, the same prompt set and the same decoding settings (prompts, new tokens)
-    are compared; the first record sets them, and a record that differs is left out and named under
-    ``"left_out"``. Returns ``{"runs": [{"file", "date", figure, figure_ci95}, ...], "low", "high",
-    "median", "n"}``; a ValueError when no record has the row. A record of several runs counts each run
-    (:func:`split_runs`)."""
+    Only records of the same pair, the same prompt set, the same decoding settings (prompts, new tokens)
+    and the same machine model (device and CPU) are compared; the first record sets them, and a record
+    that differs is left out and named under ``"left_out"``. Returns ``{"runs": [{"file", "date", figure,
+    figure_ci95}, ...], "low", "high", "median", "n"}``; a ValueError when no record has the row. A record
+    of several runs counts each run (:func:`split_runs`)."""
     def key(record):
         config = record["config"]
+        machine = record.get("environment", {})
         return record.get("pair_sha256"), record.get("prompts_sha256"), config.get("prompts"), \
-            config.get("max_new_tokens"), config.get("dtype")
+            config.get("max_new_tokens"), config.get("dtype"), machine.get("device"), machine.get("cpu")
 
     runs, left_out, reference = [], [], None
     for record in (run for each in records for run in split_runs(each)):

@@ -23,6 +23,7 @@ __all__ = [
     "FALSE_ALARM_RATE",
     "GofResult",
     "goodness_of_fit",
+    "pooled_cells",
     "detectable_difference",
     "power",
     "power_from_sample",
@@ -216,6 +217,19 @@ def pooled(probs: Sequence, n: int, min_expected: float = 5.0) -> list[float]:
     probs = np.array([float(v) for v in probs if float(v) > 0])
     (expected,) = _pool(probs * n, min_expected=min_expected)
     return (expected / n).tolist()
+
+
+def pooled_cells(counts: Sequence[int], probs: Sequence, *others: Sequence,
+                 min_expected: float = 5.0) -> tuple[np.ndarray, ...]:
+    """Return the cells :func:`goodness_of_fit` tests, for a plot: (expected counts under ``probs``, observed
+    counts, expected counts under each law in ``others``), pooled alike and ordered as the test orders them
+    (the pool of sparse cells first). Cells where ``probs`` is 0 are dropped, as the test drops them."""
+    observed = np.asarray(counts, dtype=np.float64).ravel()
+    expected_probs = _as_probs(probs, observed.size)
+    n = observed.sum()
+    keep = expected_probs > 0
+    laws = [_as_probs(law, observed.size)[keep] * n for law in others]
+    return _pool(expected_probs[keep] * n, observed[keep], *laws, min_expected=min_expected)
 
 
 def two_sample_test(counts_a: Sequence[int], counts_b: Sequence[int], min_expected: float = 5.0) -> GofResult:
