@@ -5,10 +5,10 @@ Explained in: notebooks/05_pitfalls (section "Lossy by design").
 Each ``exact_*(p, q, **settings)`` returns the law of the token one verification step emits (V + 1
 entries, the last the invalid id, always 0 here), written as an edit of
 :func:`pitfall_laws.exact_correct` so that :func:`pitfall_laws.diff_from_correct` shows what each rule
-changes. Each rule was read in its own source; the catalogue (:mod:`audit.lossy`) names the file. Three of
-them verify a greedy draft, the draft's arg-max, which is what their engines hand the verifier; one
-(TensorRT-LLM's relaxed acceptance) is a greedy rule, whose lawful output is the target's arg-max, not a
-sample of p.
+changes. Each rule was read in its own source; the catalogue (:mod:`audit.lossy`) names the file. Four of
+them verify a greedy draft, the draft's arg-max, which is what their engines hand the verifier; one of
+those (TensorRT-LLM's relaxed acceptance) is a greedy rule, whose lawful output is the target's arg-max,
+not a sample of p.
 
 Thresholds on an entropy or a divergence are compared in floating point (math.log and math.exp are not
 rational); every other step is exact.
