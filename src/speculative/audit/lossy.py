@@ -127,6 +127,6 @@ LOSSY_RULES: list[Pitfall] = [
             "When the Jensen-Shannon divergence of p and q is at most a threshold, the greedy draft is kept "
             "outright; otherwise a token is drawn from p.",
             "fuzzy speculative decoding (Holsman et al., 2025), its reference code (fsd_div_threshold, "
-            "fsd_div_type js_div)",
+            "fsd_div_type js_div; the assistant drafts greedily there)",
             exact_fuzzy, sample_fuzzy, options={"threshold": FUZZY_THRESHOLD}, cites=("holsman2025fuzzy",)),
 ]

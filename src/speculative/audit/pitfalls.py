@@ -307,7 +307,8 @@ PITFALLS: list[Pitfall] = [
             exact_reseed_every_draw, sample_reseed_every_draw),
     Pitfall("typical_acceptance", "Typical acceptance (lossy by design)",
             "A draft is kept whenever p(x) >= 1/4, otherwise a token is drawn from p: fast, but not p.",
-            "Medusa-style typical acceptance (Cai et al., 2024), offered by engines as a faster, approximate mode",
+            "a simplified Medusa-style typical acceptance (Cai et al., 2024): a fixed threshold, and a draw from p "
+            "after a rejection where Medusa and vLLM emit the arg-max (entry L2 below is their rule)",
             exact_typical_acceptance, sample_typical_acceptance, cites=("cai2024medusa",)),
     Pitfall("lenient_acceptance", "A lenience factor (lossy by design)",
             "The ratio is inflated to min(1, 2 p(x) / q(x)) to accept more drafts.",
