@@ -76,6 +76,12 @@ def test_cite_is_a_role_in_a_book_build_and_empty_without_myst_nb(monkeypatch):
     assert book.cite("a") == ""
 
 
+def test_doc_is_a_role_in_a_book_build_and_the_chapters_name_without_myst_nb(monkeypatch):
+    assert book.doc("01_lossless") == "{doc}`01_lossless`"
+    monkeypatch.setitem(sys.modules, "myst_nb", None)
+    assert book.doc("01_lossless") == "01_lossless"
+
+
 def test_demo_settings_read_each_scale_and_refuse_an_unknown_one(monkeypatch):
     from speculative import defaults
 

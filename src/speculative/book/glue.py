@@ -15,8 +15,8 @@ from pathlib import Path
 from speculative import defaults
 from speculative.measure.report import Shown, as_text, markdown_table, scientific
 
-__all__ = ["Shown", "as_text", "cite", "scientific", "glue", "table", "pick_device", "demo_settings", "results_dir",
-           "named_drafts", "load_record", "load_records"]
+__all__ = ["Shown", "as_text", "cite", "doc", "scientific", "glue", "table", "pick_device", "demo_settings",
+           "results_dir", "named_drafts", "load_record", "load_records"]
 
 
 def cite(keys) -> str:
@@ -33,6 +33,16 @@ def cite(keys) -> str:
     except ImportError:
         return ""
     return " {cite:p}`" + ",".join(keys) + "`"
+
+
+def doc(chapter: str) -> str:
+    """Return a link to ``chapter`` (a notebook's name, such as ``"10_beyond_one_draft"``) for Markdown a cell
+    displays: the MyST role in a book build, the chapter's name where MyST-NB is missing (a Colab edition)."""
+    try:
+        import myst_nb  # noqa: F401
+    except ImportError:
+        return chapter
+    return "{doc}`" + chapter + "`"
 
 
 def glue(name: str, value, display: bool = False) -> None:
