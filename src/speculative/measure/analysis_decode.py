@@ -18,7 +18,7 @@ from speculative.measure.rows import ABSENT, DecodeRow
 from speculative.measure.shared import ratio_interval
 from speculative.sampling.stats import measured_acceptance_rate
 
-__all__ = ["decode_variants", "decode_rows", "block_sequences", "lag1_autocorrelation"]
+__all__ = ["decode_variants", "decode_rows", "pooled_calibration", "block_sequences", "lag1_autocorrelation"]
 
 
 def decode_variants(config: dict) -> list[tuple]:
@@ -30,10 +30,25 @@ def decode_variants(config: dict) -> list[tuple]:
     return variants
 
 
+def pooled_calibration(parts: list[dict]) -> dict:
+    """One raw calibration from the rounds of several made at one point (spread through its timed runs):
+    each step's rounds joined, its seconds their median; a single calibration is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    rounds = {name: [t for part in parts for t in part["rounds"][name]] for name in parts[0]["rounds"]}
+    return {**{k: v for k, v in parts[0].items() if k not in ("before_slot", "rounds", "seconds", "repeats")},
+            "rounds": rounds, "seconds": {name: statistics.median(times) for name, times in rounds.items()},
+            "repeats": sum(part["repeats"] for part in parts)}
+
+
 def _decode_calibrations(record: dict, batch: int, temperature: float) -> dict:
-    """{(rule, drafts): calibration with its costs} at one point; k chains counted in plain steps of one row."""
-    raw = {(c["rule"], c["drafts"]): c for c in record["calibrations"]
-           if c["batch"] == batch and c["temperature"] == temperature}
+    """{(rule, drafts): calibration with its costs} at one point, its rounds pooled
+    (:func:`pooled_calibration`); k chains counted in plain steps of one row."""
+    parts = collections.defaultdict(list)
+    for c in record["calibrations"]:
+        if c["batch"] == batch and c["temperature"] == temperature:
+            parts[(c["rule"], c["drafts"])].append(c)
+    raw = {key: pooled_calibration(group) for key, group in parts.items()}
     plain_step = raw[(record["config"]["rules"][0], 1)]["seconds"]["plain"]  # the plain step at batch 1
     return {key: calibration_costs(c, plain_step if key[0] == "chains" else None) for key, c in raw.items()}
 

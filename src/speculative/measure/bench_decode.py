@@ -47,6 +47,43 @@ def _decode_observation(result, **labels) -> dict:
     return out
 
 
+def _held_out(pair, raced: int, batch: int) -> Optional[list[list[int]]]:
+    """Return the ``batch`` prompts that follow the ``raced`` ones in the pair's set, encoded, for the
+    calibration's whole decoding calls; None when the set has too few left."""
+    rest = pair.prompts[raced:raced + batch]
+    return encode_prompts(rest, pair.target.config.vocab_size) if len(rest) == batch else None
+
+
+def _calibration_schedule(rounds: int, slots: int) -> tuple[int, dict[int, int]]:
+    """Split a point's ``rounds`` calibration rounds over its ``slots`` timed slots (a group of one repeat):
+    the first half (rounded up) before the first slot, since the cost-model policy decides by them, and
+    each later round before an evenly spaced slot; returned as (rounds first, {slot: rounds before it})."""
+    first = (rounds + 1) // 2
+    later: dict[int, int] = {}
+    for i in range(rounds - first):
+        slot = min(slots - 1, max(1, round((i + 1) * slots / (rounds - first + 1))))
+        later[slot] = later.get(slot, 0) + 1
+    return first, later
+
+
+def _calibrate(pair, s: DecodeSettings, variants, calibrated, config, group, held_out, rounds: int,
+               at: int) -> tuple[dict, list[dict]]:
+    """Calibrate every (rule, chains) of ``variants`` with ``rounds`` rounds (:func:`calibrate_steps`, with
+    whole decoding calls on ``held_out``) before timed slot ``at``; return ({(rule, chains): calibration},
+    what the record keeps of each)."""
+    vocab, costs, entries = pair.target.config.vocab_size, {}, []
+    for rule, k in sorted({(v[1], v[2]) for v in variants}):
+        chains = k if rule == "chains" else None
+        rows = held_out if held_out is None or chains is None else held_out[:1]
+        raw = calibrate_steps(pair, encode_prompts(group * k, vocab), calibrated, config, s.max_new_tokens,
+                              repeats=rounds, seed=s.seed + at, rule="token" if rule == "chains" else rule,
+                              decode_rows=rows, chains=chains, scheme=s.scheme)
+        entries.append({"rule": rule, "drafts": k, "before_slot": at,
+                        **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
+        costs[(rule, k)] = raw
+    return costs, entries
+
+
 def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: bool = True, **overrides) -> dict:
     """Return a record of plain vs speculative decoding, side by side, for every (batch, T, gamma, rule).
 
@@ -55,11 +92,15 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
     device the pair's weights are on (``pair.target.device``).
 
     For each batch size b and temperature (with ``top_k`` / ``top_p`` if given), the first ``prompts``
-    held-out prompts are decoded in groups of b: first a calibration (:func:`calibrate_steps`, the
-    loop's steps timed apart from any run), then ``repeats`` rounds in which every group is decoded by
+    held-out prompts are decoded in groups of b, in ``repeats`` rounds in which every group is decoded by
     plain decoding and by speculative decoding at every gamma and verification rule, in turn, with the
-    same seed; each rule has its own calibration. ``drafts`` above 1 adds multi-draft decoding
-    (:func:`multi_draft.multi_draft_decode`) at batch 1, calibrated with that many rows; those rows have rule
+    same seed. Each rule has its own calibration (:func:`calibrate_steps`: the loop's steps timed apart
+    from any run, and whole decoding calls on the prompts after the ``prompts`` raced), made in
+    ``calibration_repeats`` rounds spread through the timed runs (:func:`_calibration_schedule`): half
+    before them, since the cost-model policy decides by those, the rest before evenly spaced groups, so
+    that the calibration prices the machine as it was over the whole point, not only at its start.
+    ``drafts`` above 1 adds multi-draft decoding (:func:`multi_draft.multi_draft_decode`) at batch 1,
+    calibrated with that many rows; those rows have rule
     ``"chains"`` and run for every k in ``drafts``, 1 included (the same loop with one chain), so that
     chains are compared with chains. Every call is kept as an observation; on a CPU the forwards are
     timed inside the timed runs (it costs nothing there), on CUDA in one extra run per decoder.
@@ -67,7 +108,8 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
     The summary (:func:`analysis.analyse`) gives per point: the pooled speedup of the decode phase with a
     95% bootstrap interval over groups and the speedup of each repeat; alpha (accepted / tested drafts);
     tokens per target call; the **prediction** tokens per call / (gamma c + v) with c and v from the
-    calibration (none of this run's timings) and the **efficiency** speedup / prediction; the in-situ
+    calibration (none of this run's timings) and the **efficiency** speedup / prediction, from the steps
+    timed alone and (``_decoded``) from the whole decoded blocks; the in-situ
     *decomposition* from this run's own forward timings, kept apart under its own name; the forwards
     timed alone; and the share of each output's positions that repeat an 8-gram seen before.
     """
@@ -83,29 +125,31 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
     observations, calibrations, forward_costs = [], [], []
     for batch in s.batches:
         groups = [pair.prompts[i:i + batch] for i in range(0, s.prompts, batch)]
+        held_out = _held_out(pair, s.prompts, batch)
         forward_costs.append({"batch": batch, "seconds": _forward_costs(pair, encode_prompts(groups[0], vocab),
                                                                         s.fixed)})
+        slots = [(repeat, index) for repeat in range(s.repeats) for index in range(len(groups))]
+        first, later = _calibration_schedule(s.calibration_repeats, len(slots))
         for temperature in s.temperatures:
             config = SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
             point = {"batch": batch, "temperature": config.temperature}
-            costs = {}
-            for rule, k in sorted({(v[1], v[2]) for v in variants}):
-                raw = calibrate_steps(pair, encode_prompts(groups[0] * k, vocab), calibrated, config, s.max_new_tokens,
-                                      repeats=s.calibration_repeats, seed=s.seed,
-                                      rule="token" if rule == "chains" else rule)
-                calibrations.append({**point, "rule": rule, "drafts": k,
-                                     **{key: raw[key] for key in ("seconds", "rounds", "repeats")}})
-                costs[(rule, k)] = raw
+
+            costs, entries = _calibrate(pair, s, variants, calibrated, config, groups[0], held_out, first, 0)
+            calibrations.extend({**point, **entry} for entry in entries)
             runner = _DecodeRunner(pair, s, config, costs)
             runner.warm_up(groups[0])
-            for repeat in range(s.repeats):
-                for index, group in enumerate(groups):
-                    for variant in [None, *variants]:
-                        result = runner.run(group, variant, s.seed + repeat, in_run)
-                        observations.append(runner.observe(result, prompts=group, variant=variant,
-                                                           first_repeat=repeat == 0, **point, repeat=repeat,
-                                                           group=index))
-                        bar.update()
+            for slot, (repeat, index) in enumerate(slots):
+                if slot in later:
+                    _, entries = _calibrate(pair, s, variants, calibrated, config, groups[0], held_out, later[slot],
+                                            slot)
+                    calibrations.extend({**point, **entry} for entry in entries)
+                group = groups[index]
+                for variant in [None, *variants]:
+                    result = runner.run(group, variant, s.seed + repeat, in_run)
+                    observations.append(runner.observe(result, prompts=group, variant=variant,
+                                                       first_repeat=repeat == 0, **point, repeat=repeat,
+                                                       group=index))
+                    bar.update()
             if not in_run:  # one extra run per decoder, its forwards timed; its speed is not used
                 for variant in [None, *variants]:
                     result = runner.run(groups[0], variant, s.seed, True)

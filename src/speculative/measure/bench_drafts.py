@@ -21,7 +21,7 @@ from speculative import defaults
 from speculative.engine.decode import check_room, encode_prompts
 from speculative.engine.timing import environment
 from speculative.measure.analysis import analyse
-from speculative.measure.bench_decode import _DecodeRunner
+from speculative.measure.bench_decode import _DecodeRunner, _held_out
 from speculative.measure.calibration import _forward_costs, calibrate_steps, profile_block
 from speculative.measure.drafts import draft_training
 from speculative.measure.records import SCHEMA_VERSION
@@ -42,13 +42,6 @@ def _profiles(pair, s: DecodeSettings) -> list[dict]:
             out.append(profile_block(pair, rows, 4, config, s.max_new_tokens, repeats=s.calibration_repeats,
                                      seed=s.seed, fast_greedy=fast))
     return out
-
-
-def _held_out(pair, raced: int, batch: int) -> Optional[list[list[int]]]:
-    """Return the ``batch`` prompts that follow the ``raced`` ones in the pair's set, encoded, for the
-    calibration's whole decoding calls; None when the set has too few left."""
-    rest = pair.prompts[raced:raced + batch]
-    return encode_prompts(rest, pair.target.config.vocab_size) if len(rest) == batch else None
 
 
 def _check_drafts(pair, drafts: dict, s: DecodeSettings, profile: bool) -> None:

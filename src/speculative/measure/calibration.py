@@ -29,6 +29,7 @@ from speculative.engine.decode import (
     prefill,
     speculative_decode,
 )
+from speculative.engine.multi_draft import multi_draft_decode
 from speculative.engine.timing import Clock, median_call_seconds
 from speculative.measure.costs import calibration_costs
 from speculative.sampling.sampler import greedy_verify, rejection_sample, rule_sampler
@@ -74,14 +75,18 @@ def _mid_run(pair, rows: list[list[int]], max_new_tokens: int, gamma: int):
 
 
 def _calibration_decodes(pair, decode_rows, batch: int, gammas, config, max_new_tokens: int,
-                         generator: torch.Generator, rule: str) -> dict[str, Callable[[], float]]:
+                         generator: torch.Generator, rule: str, chains: Optional[int] = None,
+                         scheme: str = "with_replacement") -> dict[str, Callable[[], float]]:
     """Return the whole decoding calls :func:`calibrate_steps` times on ``decode_rows`` (none without
     them): ``plain_decoded`` (seconds per step, one token per row) and ``block_decoded_<gamma>`` (seconds
-    per block), each timed from after its prefill to its end."""
+    per block), each timed from after its prefill to its end. With ``chains`` given the blocks are
+    multi-draft decoding's (``chains`` chains after one prompt, 1 included, the root drawn by ``scheme``)
+    and ``decode_rows`` holds that one prompt, whose plain decoding they are compared with."""
     if decode_rows is None:
         return {}
-    if len(decode_rows) != batch:
-        raise ValueError(f"decode_rows must hold as many rows as the calibration ({batch}), got {len(decode_rows)}")
+    rows_wanted = batch if chains is None else 1
+    if len(decode_rows) != rows_wanted:
+        raise ValueError(f"decode_rows must hold {rows_wanted} row(s) for this calibration, got {len(decode_rows)}")
 
     def decoded(gamma):
         def call() -> float:
@@ -89,8 +94,12 @@ def _calibration_decodes(pair, decode_rows, batch: int, gammas, config, max_new_
             if gamma is None:
                 result = plain_decode(pair.target, decode_rows, max_new_tokens, config, generator, clock=clock)
                 return (result.seconds - result.prefill_seconds) / max_new_tokens
-            result = speculative_decode(pair.target, pair.draft, decode_rows, max_new_tokens, gamma, config,
-                                        generator, clock=clock, rule=rule)
+            if chains is not None:
+                result = multi_draft_decode(pair.target, pair.draft, decode_rows[0], max_new_tokens, gamma, chains,
+                                            config, generator, scheme=scheme, clock=clock)
+            else:
+                result = speculative_decode(pair.target, pair.draft, decode_rows, max_new_tokens, gamma, config,
+                                            generator, clock=clock, rule=rule)
             return (result.seconds - result.prefill_seconds) / len(result.accepted)
         return call
 
@@ -100,7 +109,8 @@ def _calibration_decodes(pair, decode_rows, batch: int, gammas, config, max_new_
 @torch.no_grad()
 def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens: int,
                     repeats: int = defaults.BENCH_DECODE["calibration_repeats"], seed: int = 0,
-                    rule: str = "token", decode_rows: Optional[list[list[int]]] = None) -> dict:
+                    rule: str = "token", decode_rows: Optional[list[list[int]]] = None, chains: Optional[int] = None,
+                    scheme: str = "with_replacement") -> dict:
     """Return the median seconds of each step of the decoding loops, timed apart from any decoding run.
 
     A step is what the loops do per call, not the forward alone: a plain step is one target forward,
@@ -122,7 +132,9 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
     speculative decoding's seconds per block at each gamma. Those blocks pay everything the loop pays
     (writing the emitted tokens, moving positions, planning the next block, logging, its Python, the
     caches as a whole run leaves them), which the blocks timed above in a loop of their own leave out;
-    their analysis is ``decoded`` in :func:`costs.calibration_costs`.
+    their analysis is ``decoded`` in :func:`costs.calibration_costs`. For multi-draft decoding (``chains``
+    given, 1 included), ``rows`` holds ``chains`` copies of one prompt and ``decode_rows`` one held-out
+    prompt, decoded plainly and with ``chains`` chains per block (``scheme``).
     """
     device = pair.target.device
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -171,7 +183,8 @@ def calibrate_steps(pair, rows: list[list[int]], gammas, config, max_new_tokens:
 
     steps = {"plain": single("target"), "draft": single("draft"),
              **{f"verify_{g}": verify(g) for g in gammas}, **{f"block_{g}": block(g) for g in gammas}}
-    decodes = _calibration_decodes(pair, decode_rows, len(rows), gammas, config, max_new_tokens, generator, rule)
+    decodes = _calibration_decodes(pair, decode_rows, len(rows), gammas, config, max_new_tokens, generator, rule,
+                                   chains, scheme)
     rounds = {name: [] for name in (*steps, *decodes)}
     for _ in range(repeats):
         for name, step in steps.items():

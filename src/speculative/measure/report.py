@@ -141,6 +141,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     several rules gets a rule column."""
     rows = []
     several = len(record["config"].get("rules", ["token"])) > 1 or max(record["config"].get("drafts", [1])) > 1
+    decoded = any("predicted_decoded" in row for row in record["results"])
     for row in record["results"]:
         if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
             continue
@@ -153,6 +154,9 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                      f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
                      f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
+        if decoded:
+            rows[-1] += [f"{row['predicted_decoded']:.2f}{times}", f"{row['efficiency_decoded']:.2f}"] \
+                if "predicted_decoded" in row else ["-", "-"]
         if several:
             k = row.get("drafts", 1)
             rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if row.get("rule") == "chains" else ""))
@@ -163,6 +167,11 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
              "tokens each", DECODE_LEGEND]
     headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
                "effic."]
+    if decoded:
+        headers += ["pred. dec.", "effic. dec."]
+        notes.append("pred. dec., effic. dec.: the prediction from whole decoding calls on held-out prompts, made "
+                     "by the calibration (c from the draft step, v from a decoded block beyond its draft steps), and "
+                     "the speedup over it; none for the cost-model policy, whose blocks vary in length")
     if several:
         headers.insert(3, "rule")
     return _table(headers, rows, notes, markdown)
