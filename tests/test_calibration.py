@@ -55,3 +55,29 @@ def test_bench_decode_calibrates_through_the_runs_and_decodes_held_out_prompts(t
     for r in rows:
         assert r["efficiency_decoded"] == pytest.approx(r["speedup"] / r["predicted_decoded"])
         assert r["predicted_decoded"] > 0
+
+
+def _ar_rows(rho, rows=32, length=40, seed=1):
+    """Rows of 0..4 accepted counts whose time order carries lag-1 correlation rho (0: independent)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rows):
+        x = [rng.normal()]
+        for _ in range(length - 1):
+            x.append(rho * x[-1] + np.sqrt(1 - rho**2) * rng.normal())
+        out.append(np.clip(np.round(np.array(x) + 2), 0, 4))
+    return out
+
+
+def test_the_permutation_test_removes_the_short_row_bias_and_finds_planted_clustering():
+    from speculative.measure.analysis_decode import lag1_autocorrelation, lag1_permutation_test
+
+    independent = _ar_rows(0.0)
+    raw, pairs = lag1_autocorrelation(independent, within_row=True)
+    found = lag1_permutation_test(independent, permutations=500)
+    assert found["null_mean"] < -0.01  # the within-row estimate is biased low for rows of 40
+    assert found["p"] > 0.05 and abs(found["z"]) < 3 and found["r"] == raw
+    clustered = lag1_permutation_test(_ar_rows(0.3), permutations=500)
+    assert clustered["p"] == 1 / 501 and clustered["z"] > 3

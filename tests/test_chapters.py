@@ -115,6 +115,22 @@ def test_toc_lists_every_chapter_and_only_existing_files():
         assert f"notebooks/{md.stem}" in listed, f"{md.name} is not in _toc.yml"
 
 
+def test_the_records_index_names_every_record_and_the_chapters_that_read_it():
+    """glue.READ_BY, the records page's index: every committed record, each chapter named there naming the
+    record, and every chapter but the results page and the records page that names a record listed."""
+    from speculative.book.glue import READ_BY
+
+    files = {path.name for path in (ROOT / "results").glob("*.json")}
+    assert set(READ_BY) == files
+    for md in CHAPTERS:
+        text = md.read_text()
+        named = {file for file in files if file in text.replace("previous_pair/" + file, "")}
+        listed = {file for file, chapters in READ_BY.items() if md.stem in chapters}
+        assert listed <= named, (md.stem, listed - named)
+        if md.stem not in ("00_results", "15_records"):
+            assert named <= listed, (md.stem, named - listed)
+
+
 def test_config_builds_each_chapter_once_strictly_and_offline():
     import importlib.util
 

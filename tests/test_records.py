@@ -216,6 +216,15 @@ def test_across_records_gathers_one_configuration_and_leaves_out_other_pairs():
         compare.across_records(runs, batch=16, temperature=1.0)
 
 
+def test_across_records_counts_a_race_of_drafts_by_the_pairs_own_draft():
+    race = _run("race.json", 1.6)
+    race["results"] = [{**row, "draft": name, "speedup": row["speedup"] + shift}
+                       for name, shift in (("mine", 0.0), ("other", 9.0)) for row in race["results"]]
+    race["drafts"] = {"mine": {"sha256": "p"}, "other": {"sha256": "q"}}
+    found = compare.across_records([_run("a.json", 1.5), race], batch=1, temperature=1.0, gamma=4)
+    assert [(r["file"], r["speedup"]) for r in found["runs"]] == [("a.json", 1.5), ("race.json", 1.6)]
+
+
 def test_the_committed_records_hold_the_headline_configuration_several_times():
     """The results page's between-run spread: batch 1, gamma 4, token-wise, one chain, at T = 1 and greedily,
     each measured by at least three independent benchmark runs of the shipped pair."""

@@ -153,6 +153,27 @@ def named_drafts(record: dict) -> dict:
     return renamed
 
 
+#: The chapters that read each committed record in ``results/`` by its name (the results page only where
+#: no chapter does), for the records page's index; ``tests/test_chapters.py`` checks both ways.
+READ_BY = {
+    "agreement_cpu.json": ("14_which_draft",),
+    "decode_cpu.json": ("07_cost_model", "08_decoding_demo", "14_which_draft"),
+    "drafts_cpu.json": ("14_which_draft",),
+    "drafts_intel_cpu.json": ("14_which_draft",),
+    "headline_cpu.json": ("00_results",),
+    "multidraft_cpu.json": ("10_beyond_one_draft",),
+    "peer_hf_cpu.json": ("08_decoding_demo", "11_draft_length"),
+    "peer_hf_tv128c_cpu.json": ("14_which_draft",),
+    "peer_hf_tv128c_intel_cpu.json": ("14_which_draft",),
+    "policy_cpu.json": ("11_draft_length",),
+    "policy_gammas_intel_cpu.json": ("11_draft_length",),
+    "prices_cpu.json": ("14_which_draft",),
+    "prices_intel_cpu.json": ("14_which_draft",),
+    "rules_cpu.json": ("10_beyond_one_draft",),
+    "sampler_cpu.json": ("04_transforms",),
+}
+
+
 def load_records() -> list[dict]:
     """Return every recorded run in ``results/``, sorted by file name; a record of several runs comes as
     one record per run (:func:`speculative.measure.lookup.split_runs`), each with its own environment."""

@@ -73,7 +73,8 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     and the same machine model (device and CPU) are compared; the first record sets them, and a record
     that differs is left out and named under ``"left_out"``. Returns ``{"runs": [{"file", "date", figure,
     figure_ci95}, ...], "low", "high", "median", "n"}``; a ValueError when no record has the row. A record
-    of several runs counts each run (:func:`split_runs`)."""
+    of several runs counts each run (:func:`split_runs`); a race of drafts counts the rows of the pair's own
+    draft (the one whose hash is the record's pair)."""
     def key(record):
         config = record["config"]
         machine = record.get("environment", {})
@@ -83,6 +84,9 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     runs, left_out, reference = [], [], None
     for record in (run for each in records for run in split_runs(each)):
         found = rows_where(record, **fields) if isinstance(record.get("results"), list) else []
+        if record.get("drafts") and "draft" not in fields:  # a race of drafts: the pair's own draft is this pair
+            own = {name for name, d in record["drafts"].items() if d.get("sha256") == record.get("pair_sha256")}
+            found = [row for row in found if row.get("draft") in own]
         if len(found) != 1 or figure not in found[0]:
             continue
         reference = reference or key(record)
