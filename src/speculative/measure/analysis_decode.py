@@ -18,7 +18,8 @@ from speculative.measure.rows import ABSENT, DecodeRow
 from speculative.measure.shared import ratio_interval
 from speculative.sampling.stats import measured_acceptance_rate
 
-__all__ = ["decode_variants", "decode_rows", "pooled_calibration", "lag1_permutation_test", "block_sequences", "lag1_autocorrelation"]
+__all__ = ["decode_variants", "decode_rows", "pooled_calibration", "lag1_permutation_test", "block_sequences",
+           "lag1_autocorrelation"]
 
 
 def decode_variants(config: dict) -> list[tuple]:

@@ -312,9 +312,11 @@ def format_drafts_table(record: dict, markdown: bool = False) -> str:
         if decoded:
             rows[-1] += [f"{statistics.median(r['predicted_decoded'] for r in runs):.2f}",
                          f"{statistics.median(r['efficiency_decoded'] for r in runs):.2f}"]
+    several = any(len(row.get("runs", [row])) > 1 for row in record["results"])
     notes = [f"pair {record['pair_sha256'][:12]}; {record['config']['prompts']} prompts, "
-             f"{record['config']['max_new_tokens']} new tokens; speedup of each run over plain decoding; "
-             "alpha, prediction and efficiency: the median over runs"
+             f"{record['config']['max_new_tokens']} new tokens; "
+             + ("speedup of each run over plain decoding; alpha, prediction and efficiency: the median over runs"
+                if several else "one run: speedup over plain decoding, alpha, prediction and efficiency")
              + ("; pred./effic. from the steps and blocks timed apart from any run, decoded: from whole "
                 "decoding calls on held-out prompts" if decoded else "")]
     headers = ["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."]
