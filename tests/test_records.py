@@ -225,6 +225,13 @@ def test_across_records_counts_a_race_of_drafts_by_the_pairs_own_draft():
     assert [(r["file"], r["speedup"]) for r in found["runs"]] == [("a.json", 1.5), ("race.json", 1.6)]
 
 
+def test_across_records_carries_the_extra_fields_asked_for():
+    found = compare.across_records([_run("a.json", 1.5, calibration={"c": 0.1})], batch=1, temperature=1.0, gamma=4,
+                                   extra=("calibration",))
+    assert found["runs"][0]["calibration"] == {"c": 0.1} and "calibration" not in compare.across_records(
+        [_run("a.json", 1.5, calibration={"c": 0.1})], batch=1, temperature=1.0, gamma=4)["runs"][0]
+
+
 def test_the_committed_records_hold_the_headline_configuration_several_times():
     """The results page's between-run spread: batch 1, gamma 4, token-wise, one chain, at T = 1 and greedily,
     each measured by at least three independent benchmark runs of the shipped pair."""

@@ -64,7 +64,7 @@ def compare_rows(record: dict, baseline: dict, other: dict) -> dict:
     }
 
 
-def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -> dict:
+def across_records(records: Sequence[dict], figure: str = "speedup", extra: Sequence[str] = (), **fields) -> dict:
     """Return ``figure`` of the one row with ``fields`` in every record that has such a row: the runs of
     one configuration made by different benchmark runs (on other days, in other orders), so their spread
     is the drift between independent runs that no within-run interval covers.
@@ -72,7 +72,8 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
     Only records of the same pair, the same prompt set, the same decoding settings (prompts, new tokens)
     and the same machine model (device and CPU) are compared; the first record sets them, and a record
     that differs is left out and named under ``"left_out"``. Returns ``{"runs": [{"file", "date", figure,
-    figure_ci95}, ...], "low", "high", "median", "n"}``; a ValueError when no record has the row. A record
+    figure_ci95}, ...], "low", "high", "median", "n"}``, each run with the row's ``extra`` fields too (its
+    ``calibration``, say); a ValueError when no record has the row. A record
     of several runs counts each run (:func:`split_runs`); a race of drafts counts the rows of the pair's own
     draft (the one whose hash is the record's pair)."""
     def key(record):
@@ -95,7 +96,8 @@ def across_records(records: Sequence[dict], figure: str = "speedup", **fields) -
             continue
         row = found[0]
         runs.append({"file": record.get("file", "?"), "date": record["environment"].get("date_utc", "?")[:10],
-                     figure: row[figure], f"{figure}_ci95": row.get(f"{figure}_ci95")})
+                     figure: row[figure], f"{figure}_ci95": row.get(f"{figure}_ci95"),
+                     **{key: row[key] for key in extra}})
     if not runs:
         shown = ", ".join(f"{k}={v!r}" for k, v in fields.items())
         raise ValueError(f"no record has one row with {shown} and a {figure!r}")
