@@ -184,6 +184,15 @@ def test_the_cost_model_policy_fits_noisy_verification_costs_non_decreasing():
     assert policy.length((0.5e6, 1e6)) == 3  # alpha 0.5 (the prior's weight is negligible)
 
 
+def test_the_cost_model_policy_prices_no_verification_below_a_plain_step():
+    cheap = {1: 0.79, 2: 0.9, 4: 1.4, 8: 1.9}  # v(1) as one run on another CPU timed it
+    assert CostModelPolicy(c=0.1, v=cheap).v_fitted == {1: 1.0, 2: 1.0, 4: 1.4, 8: 1.9}
+    assert CostModelPolicy(c=0.1, v=cheap, v_floor=0).v_fitted == cheap  # already non-decreasing
+    assert CostModelPolicy(c=0.1, v=cheap, v_floor=2).v_fitted == dict.fromkeys(cheap, 2.0)
+    with pytest.raises(ValueError, match="v_floor must be a finite number >= 0"):
+        CostModelPolicy(c=0.1, v=cheap, v_floor=float("nan"))
+
+
 def test_the_cost_model_policy_drafts_longer_when_drafts_are_accepted():
     policy = CostModelPolicy(c=0.1, v={1: 1.2, 8: 1.6}, max_gamma=8)
     often, rarely = (40.0, 40.0), (2.0, 40.0)
@@ -290,9 +299,10 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
 
     real, raw = bench_decode.calibrate_steps, {}
 
-    def noisy(*args, **kwargs):  # v(2) timed at a tenth of v(1): a violation the fit pools away
-        measured = real(*args, **kwargs)
-        seconds, v1 = dict(measured["seconds"]), measured["v"][1]
+    def noisy(*args, **kwargs):  # v(1) timed below a plain step and v(2) at a tenth of it: the fit pools
+        measured = real(*args, **kwargs)  # them, and the floor raises the pool to a plain step
+        seconds, v1 = dict(measured["seconds"]), 0.8
+        seconds["block_1"] = seconds["draft"] + seconds["plain"] * v1
         seconds["block_2"] = 2 * seconds["draft"] + seconds["plain"] * v1 / 10
         calibration = calibration_costs({"seconds": seconds, "rounds": {}, "repeats": 1})
         raw.update(calibration["v"])
@@ -304,9 +314,11 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     assert main(["bench", "decode", "--pair", str(tiny_pair_dir), "--gamma", "auto", "--temperature", "1",
                  "--batch", "1", "--prompts", "2", "--max-new-tokens", "12", "--repeats", "1", "--no-progress",
                  "--calibration-repeats", "1", "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["results"]
+    record = json.loads(out.read_text())
+    (row,) = record["results"]
     fitted = {int(k): x for k, x in row["calibration"]["v_fitted"].items()}
-    assert fitted[1] == fitted[2]  # pooled: v(1) and v(2) share their mean
+    assert record["config"]["auto_v_floor"] == 1.0
+    assert fitted[1] == fitted[2] == 1.0  # pooled (to 0.44), then raised to a plain step
     assert all(a <= b for a, b in zip(list(fitted.values()), list(fitted.values())[1:]))
     counts = {int(k): n for k, n in row["block_lengths"].items()}
     priced = sum(n * interpolated(fitted, k) for k, n in counts.items()) / sum(counts.values())
@@ -317,6 +329,13 @@ def test_bench_decode_prices_auto_with_the_costs_the_policy_chose_by(tiny_pair_d
     assert row["mean_gamma"] == pytest.approx(sum(k * n for k, n in counts.items()) / sum(counts.values()))
     assert row["predicted"] == pytest.approx(
         row["tokens_per_target_forward"] / (row["mean_gamma"] * row["calibration"]["c"] + priced))
+    # a record made before the floor was recorded is re-analysed with the fit its run chose by: no floor
+    from speculative.measure.analysis import analyse
+
+    del record["config"]["auto_v_floor"]
+    (before,) = analyse(record)
+    unfloored = {int(k): x for k, x in before["calibration"]["v_fitted"].items()}
+    assert unfloored[1] == unfloored[2] == pytest.approx((raw[1] + raw[2]) / 2) and unfloored[1] < 1
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -337,3 +337,22 @@ def test_exact_alpha_of_a_draft_is_the_same_whichever_pair_scored_it():
     # the check can tell drafts apart: the closest two differ by a hundred times the tolerance
     alphas = rates[0].items()
     assert min(abs(a - b) for (d, t), a in alphas for (e, u), b in alphas if t == u and d < e) > 1e-4
+
+
+def test_efficiencies_by_record_pools_a_records_runs_and_says_which_timed_decoding_calls():
+    from speculative.measure.compare import efficiencies_by_record
+
+    def row(batch, gamma, steps, calls=None):
+        return {"batch": batch, "gamma": gamma, "efficiency": steps,
+                **({"efficiency_decoded": calls} if calls is not None else {})}
+
+    records = [
+        {"file": "a.json run 1", "benchmark": "drafts", "results": [row(1, 4, 0.9, 1.0), row(4, 4, 0.1, 0.1)]},
+        {"file": "a.json run 2", "benchmark": "drafts", "results": [row(1, 4, 1.1, 0.96), row(1, "auto", 5.0)]},
+        {"file": "b.json", "benchmark": "decode", "results": [row(1, 2, 0.8), row(1, 4, 0.9), row(1, 6, 1.3)]},
+        {"file": "c.json", "benchmark": "peer", "results": [row(1, 4, 7.0)]},
+    ]
+    found = efficiencies_by_record(records)
+    assert found == {"a.json": {"points": 2, "steps": pytest.approx(1.0), "calls": pytest.approx(0.98)},
+                     "b.json": {"points": 3, "steps": 0.9, "calls": None}}
+    assert efficiencies_by_record(records, batch=4)["a.json"] == {"points": 1, "steps": 0.1, "calls": 0.1}

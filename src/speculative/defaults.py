@@ -48,6 +48,9 @@ BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "bat
 BENCH_DRAFTS = {"gammas": (2, 4, 6), "temperatures": (0.0, 1.0), "repeats": 1, "runs": 3}
 #: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
 AUTO_MAX_GAMMA = 8
+#: The least a verification may cost in the cost-model policy, in plain steps: a forward over k + 1 positions
+#: does not cost less than a plain step over one, so a calibrated v(k) below this is timing noise.
+AUTO_V_FLOOR = 1.0
 #: The most drafts the heuristic and confidence policies may ask for in ``bench peer`` (transformers'
 #: default assisted generation drafts up to 20).
 PEER_MAX_GAMMA = 20

@@ -158,8 +158,10 @@ class CostModelPolicy(DraftPolicy):
     flat past the last). A verification over more positions does not cost less, but timings on a shared
     machine can say it does (a calibration here once gave v(1) = 1.50 and v(4) = 1.38); the policy would
     then chase the noise and favour the falsely cheap length. So the given costs are replaced by their
-    non-decreasing least-squares fit (isotonic regression, pool-adjacent-violators) before use, and the
-    fit is kept in ``v_fitted``. alpha is the row's running acceptance rate: accepted / tested drafts,
+    non-decreasing least-squares fit (isotonic regression, pool-adjacent-violators) before use, raised
+    to at least ``v_floor`` (a verification does not cost less than the plain step it is priced in: one
+    run here timed v = 0.79 and drafted the shortest block throughout), and the fit is kept in
+    ``v_fitted``. alpha is the row's running acceptance rate: accepted / tested drafts,
     with each earlier block's counts discounted by ``decay`` and a prior of ``prior_weight`` tested
     drafts at ``prior_alpha``. The state is (accepted, tested), discounted. Under block verification the
     same counts are taken from each block's outcome; there a draft's acceptance is not an independent
@@ -172,6 +174,7 @@ class CostModelPolicy(DraftPolicy):
     prior_alpha: float = 0.7
     prior_weight: float = 4.0
     decay: float = 0.9
+    v_floor: float = defaults.AUTO_V_FLOOR
     name: str = "auto"
     _costs: list = field(init=False, repr=False)
     v_fitted: dict = field(init=False, repr=False)
@@ -185,7 +188,10 @@ class CostModelPolicy(DraftPolicy):
             raise ValueError(f"v must map draft lengths to positive costs, got {dict(self.v)!r}")
         if not (0 <= self.prior_alpha <= 1 and self.prior_weight > 0 and 0 < self.decay <= 1):
             raise ValueError("need 0 <= prior_alpha <= 1, prior_weight > 0 and 0 < decay <= 1")
-        known = list(zip([k for k, _ in known], isotonic([value for _, value in known])))
+        if not (self.v_floor >= 0 and math.isfinite(self.v_floor)):
+            raise ValueError(f"v_floor must be a finite number >= 0, got {self.v_floor!r}")
+        fitted = isotonic([value for _, value in known])
+        known = [(k, max(self.v_floor, value)) for (k, _), value in zip(known, fitted)]
         self.v_fitted = dict(known)
         self._costs = [k * self.c + _interpolate(known, k) for k in range(1, self.max_gamma + 1)]
 
@@ -235,10 +241,12 @@ def _interpolate(known: list, k: int) -> float:
 POLICIES = ("fixed", "heuristic", "confidence", "auto")
 
 
-def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, max_gamma: int = 8) -> DraftPolicy:
+def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, max_gamma: int = 8,
+                v_floor: float = defaults.AUTO_V_FLOOR) -> DraftPolicy:
     """Return the policy called ``name`` (:data:`POLICIES`): ``fixed`` at ``gamma``, ``heuristic`` starting
     at ``gamma``, ``confidence`` at transformers' default threshold, ``auto`` from ``calibration`` (a
-    ``calibration.calibrate_steps`` result, with ``c`` and ``v`` per gamma); each drafts at most ``max_gamma``."""
+    ``calibration.calibrate_steps`` result, with ``c`` and ``v`` per gamma, its fitted v at least
+    ``v_floor``); each drafts at most ``max_gamma``."""
     if name == "fixed":
         return FixedLength(gamma)
     if name == "heuristic":
@@ -249,5 +257,5 @@ def make_policy(name: str, gamma: int = 4, calibration: Optional[dict] = None, m
         if calibration is None:
             raise ValueError("the auto policy needs a calibration (c and v per gamma, from "
                              "calibration.calibrate_steps)")
-        return CostModelPolicy(c=calibration["c"], v=calibration["v"], max_gamma=max_gamma)
+        return CostModelPolicy(c=calibration["c"], v=calibration["v"], max_gamma=max_gamma, v_floor=v_floor)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

@@ -113,7 +113,8 @@ def _decode_row(config, observations, variant, calibration, costs, batch, temper
         blocks = [max(sizes) for r in spec_all for sizes in r["lengths"] if max(sizes) > 0]
         block_gamma = statistics.mean(blocks)
         # with the costs the policy chose by: the calibration's non-decreasing fit
-        fitted = make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"]).v_fitted
+        fitted = make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"],
+                             v_floor=config.get("auto_v_floor", 0.0)).v_fitted  # no floor before it was recorded
         v_cal = statistics.mean(interpolated(fitted, k) for k in blocks)
         alpha = measured_acceptance_rate([r["accepted"] for r in spec_all], [r["lengths"] for r in spec_all])
     else:

@@ -87,7 +87,8 @@ def _peer_policy(record: dict, temperature: float, policy: str):
         return make_policy(base, config["gamma"], max_gamma=config["peer_max_gamma"]), None
     raw = next(c for c in record["calibrations"] if c["temperature"] == temperature and c["policy"] == policy)
     calibration = calibration_costs(raw)
-    return make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"]), calibration
+    return make_policy("auto", calibration=calibration, max_gamma=config["auto_max_gamma"],
+                       v_floor=config.get("auto_v_floor", 0.0)), calibration  # no floor before it was recorded
 
 
 def _peer_row(record: dict, tally: dict, temperature: float, schedule: str, policy: str) -> PeerRow:

@@ -166,6 +166,7 @@ def bench_decode(pair, settings: Optional[DecodeSettings] = None, *, progress: b
                                           "draft_parameters") if k in pair.info},
         "prompts_sha256": prompts_hash(pair.prompts),
         "config": {**dataclasses.asdict(s), "auto_max_gamma": defaults.AUTO_MAX_GAMMA,
+                   "auto_v_floor": defaults.AUTO_V_FLOOR,
                    "forward_times_from": "the timed runs" if in_run else "one extra run per decoder (its speed unused)",
                    "dtype": str(pair.target.dtype)},
         "calibrations": calibrations, "forward_costs": forward_costs, "observations": observations,

@@ -186,7 +186,8 @@ def bench_peer(pair, settings: Optional[PeerSettings] = None, *, progress: bool 
                         "scikit_learn_installed": sklearn},
         "pair_sha256": pair.sha256, "prompts_sha256": prompts_hash(pair.prompts[:s.prompts]),
         "config": {**dataclasses.asdict(s), "peer_max_gamma": defaults.PEER_MAX_GAMMA,
-                   "auto_max_gamma": defaults.AUTO_MAX_GAMMA, "dtype": str(pair.target.dtype),
+                   "auto_max_gamma": defaults.AUTO_MAX_GAMMA, "auto_v_floor": defaults.AUTO_V_FLOOR,
+                   "dtype": str(pair.target.dtype),
                    "hf_default": "transformers' GenerationConfig defaults: num_assistant_tokens 20, schedule "
                    f"constant, assistant_confidence_threshold {defaults.CONFIDENCE_THRESHOLD}"
                    + ("" if sklearn else " (not adapted: scikit-learn is not installed)")},

@@ -104,3 +104,24 @@ def across_records(records: Sequence[dict], figure: str = "speedup", extra: Sequ
     values = [r[figure] for r in runs]
     return {"runs": runs, "n": len(runs), "low": min(values), "high": max(values),
             "median": statistics.median(values), "left_out": left_out}
+
+
+def efficiencies_by_record(records: Sequence[dict], batch: int = 1) -> dict:
+    """Return, for each decoding record (``decode`` and ``drafts``; a record of several runs is one entry,
+    its runs pooled), the cost model's efficiency at ``batch`` over its fixed-length rows: ``points``,
+    the median from the steps calibration (``steps``) and, where its calibration also timed whole
+    decoding calls, the median from those (``calls``, else None). ``records`` as
+    :func:`speculative.book.glue.load_records` gives them, one per run, named "<file> run <i>"."""
+    found = {}
+    for record in records:
+        if record["benchmark"] not in ("decode", "drafts"):
+            continue
+        mine = found.setdefault(record["file"].split(" run ")[0], {"steps": [], "calls": []})
+        for row in record["results"]:
+            if row["batch"] == batch and row["gamma"] != "auto":
+                mine["steps"].append(row["efficiency"])
+                if "efficiency_decoded" in row:
+                    mine["calls"].append(row["efficiency_decoded"])
+    return {name: {"points": len(mine["steps"]), "steps": statistics.median(mine["steps"]),
+                   "calls": statistics.median(mine["calls"]) if mine["calls"] else None}
+            for name, mine in sorted(found.items()) if mine["steps"]}
