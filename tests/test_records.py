@@ -356,3 +356,16 @@ def test_efficiencies_by_record_pools_a_records_runs_and_says_which_timed_decodi
     assert found == {"a.json": {"points": 2, "steps": pytest.approx(1.0), "calls": pytest.approx(0.98)},
                      "b.json": {"points": 3, "steps": 0.9, "calls": None}}
     assert efficiencies_by_record(records, batch=4)["a.json"] == {"points": 1, "steps": 0.1, "calls": 0.1}
+
+
+def test_split_by_price_cuts_runs_at_the_widest_gap_in_the_draft_steps_price():
+    from speculative.measure.compare import split_by_price
+
+    runs = [{"speedup": s, "calibration": {"c": c}} for s, c in
+            ((1.9, 0.08), (1.5, 0.16), (1.95, 0.10), (1.45, 0.17), (1.85, 0.104))]
+    dear, cheap = split_by_price(runs)
+    assert [r["calibration"]["c"] for r in dear] == [0.16, 0.17]
+    assert [r["calibration"]["c"] for r in cheap] == [0.08, 0.10, 0.104]
+    assert split_by_price(runs[:2]) == ([runs[1]], [runs[0]])
+    with pytest.raises(ValueError, match="at least two runs"):
+        split_by_price(runs[:1])

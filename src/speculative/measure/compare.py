@@ -125,3 +125,15 @@ def efficiencies_by_record(records: Sequence[dict], batch: int = 1) -> dict:
     return {name: {"points": len(mine["steps"]), "steps": statistics.median(mine["steps"]),
                    "calls": statistics.median(mine["calls"]) if mine["calls"] else None}
             for name, mine in sorted(found.items()) if mine["steps"]}
+
+
+def split_by_price(runs: Sequence[dict]) -> tuple[list, list]:
+    """Split runs of one configuration (:func:`across_records` with ``extra=("calibration",)``) at the widest
+    gap between their calibrated draft-step prices ``c``: ``(dear, cheap)``, each sorted by ``c``. A
+    ValueError when fewer than two runs are given."""
+    if len(runs) < 2:
+        raise ValueError(f"need at least two runs to split by price, got {len(runs)}")
+    by_price = sorted(runs, key=lambda run: run["calibration"]["c"])
+    gaps = [b["calibration"]["c"] - a["calibration"]["c"] for a, b in zip(by_price, by_price[1:])]
+    cut = 1 + gaps.index(max(gaps))
+    return by_price[cut:], by_price[:cut]
