@@ -166,6 +166,7 @@ READ_BY = {
     "peer_hf_tv128c_cpu.json": ("14_which_draft",),
     "peer_hf_tv128c_intel_cpu.json": ("14_which_draft",),
     "policy_cpu.json": ("11_draft_length",),
+    "policy_gammas_cpu.json": ("11_draft_length", "00_results"),
     "policy_gammas_intel_cpu.json": ("11_draft_length",),
     "prices_cpu.json": ("14_which_draft",),
     "prices_intel_cpu.json": ("14_which_draft",),
