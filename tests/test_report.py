@@ -5,8 +5,9 @@ import re
 
 import pytest
 
+from speculative import defaults
 from speculative.book.glue import load_record
-from speculative.measure.report import format_decode_table, format_peer_table, ratio_bound
+from speculative.measure.report import format_decode_table, format_peer_table, interval_text, ratio_bound
 
 
 @pytest.mark.parametrize("value, text", [(0.9969, "0.997"), (1.0031, "1.003"), (0.99996, "0.99996"),
@@ -28,11 +29,22 @@ def test_every_printed_interval_of_the_committed_records_is_on_the_side_of_1_it_
     bounds = [row["ours_over_hf_assisted_ci95"] for row in peer["results"]]
     decode = load_record("decode_cpu.json")
     printed += re.findall(r"x\s+(\d\.\d+)-(\d\.\d+)\s", format_decode_table(decode))
-    bounds += [row["speedup_ci95"] for row in decode["results"]]
+    bounds += [row["speedup_ci95"] for row in decode["results"] if row["groups"] >= defaults.MIN_INTERVAL_GROUPS]
     assert len(printed) == len(bounds)
     for shown, actual in zip(printed, bounds):
         for text, value in zip(shown, actual):
             assert (float(text) < 1) == (value < 1) and (float(text) > 1) == (value > 1), (text, value)
+
+
+def test_an_interval_over_too_few_groups_of_prompts_is_not_printed():
+    enough = defaults.MIN_INTERVAL_GROUPS
+    assert interval_text([0.9969, 1.2], enough) == "0.997–1.20"
+    assert interval_text([0.9, 1.2], enough - 1) == f"no interval ({enough - 1} groups)"
+    assert interval_text([math.nan, math.nan], 1) == "no interval (1 group)"
+    assert interval_text([math.nan, math.nan], enough) == f"no interval ({enough} groups)"
+    decode = load_record("decode_cpu.json")
+    few = [row for row in decode["results"] if row["groups"] < enough]
+    assert few and format_decode_table(decode).count("no interval") == len(few)
 
 
 def test_markdown_tables_keep_cells_as_given_and_align_each_column():

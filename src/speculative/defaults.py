@@ -46,6 +46,10 @@ BENCH_DECODE = {"gammas": (1, 2, 4, 6, 8), "temperatures": (0.0, 0.7, 1.0), "bat
 #: ``bench drafts`` and ``bench agreement``: draft lengths and temperatures raced, timed rounds per run,
 #: independent runs.
 BENCH_DRAFTS = {"gammas": (2, 4, 6), "temperatures": (0.0, 1.0), "repeats": 1, "runs": 3}
+#: The fewest groups of prompts over which a report prints a bootstrap interval: with n groups the resamples
+#: take at most C(2n - 1, n) distinct values (3 at two groups, 35 at four, 126 at five), too few below five
+#: for a 95% interval to mean much. The records keep the interval; the tables print "no interval".
+MIN_INTERVAL_GROUPS = 5
 #: The longest block the cost-model policy (``--gamma auto``) may draft, and the lengths it is calibrated at.
 AUTO_MAX_GAMMA = 8
 #: The least a verification may cost in the cost-model policy, in plain steps: a forward over k + 1 positions

@@ -158,7 +158,8 @@ def named_drafts(record: dict) -> dict:
 READ_BY = {
     "agreement_cpu.json": ("14_which_draft",),
     "decode_cpu.json": ("07_cost_model", "08_decoding_demo", "14_which_draft"),
-    "drafts_cpu.json": ("14_which_draft",),
+    "drafts_cpu.json": ("07_cost_model", "14_which_draft"),
+    "drafts_price_cpu.json": ("14_which_draft",),
     "drafts_intel_cpu.json": ("14_which_draft",),
     "headline_cpu.json": ("00_results",),
     "multidraft_cpu.json": ("10_beyond_one_draft",),
@@ -171,6 +172,7 @@ READ_BY = {
     "prices_cpu.json": ("14_which_draft",),
     "prices_intel_cpu.json": ("14_which_draft",),
     "rules_cpu.json": ("10_beyond_one_draft",),
+    "rules_repeat_cpu.json": ("10_beyond_one_draft",),
     "sampler_cpu.json": ("04_transforms",),
 }
 

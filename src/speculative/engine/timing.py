@@ -19,7 +19,7 @@ import platform
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -165,9 +165,33 @@ def host_probe(repeats: int = 3) -> dict:
             "first_touch_gib_per_s": size / 2**30 / touched}
 
 
+def code_commit() -> Optional[str]:
+    """Return the git commit the library's source runs from ("<sha>", with "+changes" when tracked files
+    differ from it), or None when this file is not tracked by a git checkout (an installed wheel, a copied
+    tree) or git is missing."""
+    import subprocess
+
+    here = Path(__file__).resolve()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        if git("ls-files", "--error-unmatch", here.name).returncode != 0:
+            return None
+        sha = git("rev-parse", "HEAD")
+        changes = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if sha.returncode != 0:
+        return None
+    return sha.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
+
+
 def environment(device="cpu", probe: bool = False) -> dict:
     """Return what a measurement ran on: device, accelerator name, library and torch versions, threads, CPU,
-    Python, OS; with ``probe``, also :func:`host_probe` (the benchmarks' records carry it)."""
+    Python, OS, the code's git commit (:func:`code_commit`); with ``probe``, also :func:`host_probe` (the
+    benchmarks' records carry it)."""
     device = str(device)
     from speculative import __version__
 
@@ -181,6 +205,7 @@ def environment(device="cpu", probe: bool = False) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "code_commit": code_commit(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["accelerator"] = torch.cuda.get_device_name(torch.device(device))

@@ -15,6 +15,8 @@ from typing import Optional
 
 from tabulate import tabulate
 
+from speculative import defaults
+
 
 class Shown:
     """A value whose plain-text form is ``text``: ``{glue:text}`` prints it as is, without quotes."""
@@ -96,6 +98,15 @@ def ratio_bound(value: float, digits: int = 2) -> str:
     return text
 
 
+def interval_text(interval, groups: int, dash: str = "–") -> str:
+    """Return a ratio's interval as "low–high" (:func:`ratio_bound` ends), or "no interval (n groups)" when it
+    rests on fewer than ``defaults.MIN_INTERVAL_GROUPS`` groups of prompts or is NaN (a single group)."""
+    low, high = interval
+    if groups < defaults.MIN_INTERVAL_GROUPS or low != low or high != high:
+        return f"no interval ({groups} group{'' if groups == 1 else 's'})"
+    return f"{ratio_bound(low)}{dash}{ratio_bound(high)}"
+
+
 def markdown_table(rows, headers, align: str = "") -> str:
     """Return a Markdown pipe table of ``rows`` under ``headers`` by :func:`tabulate.tabulate`. Cells are shown
     as given (format numbers before); ``align`` holds one letter per column, ``l``, ``r`` or ``c`` (default:
@@ -147,9 +158,8 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
             continue
         if rule is not None and row.get("rule", "token") != rule:
             continue
-        low, high = row["speedup_ci95"]
         times, dash = ("×", "–") if markdown else ("x", "-")
-        interval = f"{ratio_bound(low)}{dash}{ratio_bound(high)}" if low == low else "(one group)"
+        interval = interval_text(row["speedup_ci95"], row["groups"], dash)
         rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
                      f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
@@ -186,7 +196,8 @@ def format_runs_table(record: dict, markdown: bool = False) -> str:
         cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), row.get("rule", "token")]
         for run in row["runs"]:
             low, high = run["speedup_ci95"]
-            cells.append(f"{run['speedup']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)})")
+            cells.append(f"{run['speedup']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)}; "
+                         f"c {run['calibration']['c']:.3f})")
         low, high = row["speedup_range"]
         rows.append(cells + [f"{low:.2f}{dash}{high:.2f}{times}"])
     headers = ["batch", "T", "gamma", "rule", *(f"run {i + 1} (95% interval)" for i in range(len(record["runs"]))),
@@ -195,7 +206,8 @@ def format_runs_table(record: dict, markdown: bool = False) -> str:
     notes = [f"run {i + 1}: {run['environment']['date_utc']}, {describe_machine(run['environment'])}"
              for i, run in enumerate(record["runs"])]
     notes += [f"pair {record['pair_sha256'][:12]}; {config['prompts']} prompts, {config['repeats']} repeats, "
-              f"{config['max_new_tokens']} new tokens each, per run; speedup as in the decode table"]
+              f"{config['max_new_tokens']} new tokens each, per run; speedup as in the decode table; c: the "
+              "draft step's price that run's calibration measured, relative to a plain step"]
     return _table(headers, rows, notes, markdown)
 
 
@@ -221,8 +233,8 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
         return f"{row[key]:.2f} [{ratio_bound(low)}-{ratio_bound(high)}]"
 
     several = len({r.get("policy", "fixed") for r in record["results"]}) > 1 and policy is None
-    headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "HF plain tok/s",
-               "acc/draft ours", "acc/draft HF", "tok/call ours", "tok/call HF"]
+    headers = ["T", "HF schedule", "ours tok/s", "HF assisted tok/s", "ours/HF", "ours plain tok/s",
+               "HF plain tok/s", "acc/draft ours", "acc/draft HF", "tok/call ours", "tok/call HF"]
     rows = []
     for r in record["results"]:
         if policy is not None and r.get("policy", "fixed") != policy:
@@ -230,7 +242,8 @@ def format_peer_table(record: dict, markdown: bool = False, policy: Optional[str
         rows.append([f"{r['temperature']:g}",
                      r["hf_schedule"] + (f" ({r['gamma']})" if r["hf_schedule"] == "fixed" else ""),
                      interval(r, "ours_tokens_per_s"), interval(r, "hf_assisted_tokens_per_s"),
-                     ratio(r, "ours_over_hf_assisted"), interval(r, "hf_plain_tokens_per_s"),
+                     ratio(r, "ours_over_hf_assisted"), interval(r, "ours_plain_tokens_per_s"),
+                     interval(r, "hf_plain_tokens_per_s"),
                      interval(r, "ours_acceptance", 2), interval(r, "hf_acceptance", 2),
                      interval(r, "ours_tokens_per_call", 2), interval(r, "hf_tokens_per_call", 2)])
         if several:
@@ -305,8 +318,9 @@ def format_drafts_table(record: dict, markdown: bool = False) -> str:
     for row in record["results"]:
         runs = row.get("runs", [row])
         speedups = " ".join(f"{r['speedup']:.2f}" for r in runs)
+        prices = " ".join(f"{r['calibration']['c']:.3f}" for r in runs)
         rows.append([row["draft"], f"{row['temperature']:g}", str(row["gamma"]),
-                     f"{statistics.median(r['alpha'] for r in runs):.3f}", speedups,
+                     f"{statistics.median(r['alpha'] for r in runs):.3f}", speedups, prices,
                      f"{statistics.median(r['predicted'] for r in runs):.2f}",
                      f"{statistics.median(r['efficiency'] for r in runs):.2f}"])
         if decoded:
@@ -319,5 +333,5 @@ def format_drafts_table(record: dict, markdown: bool = False) -> str:
                 if several else "one run: speedup over plain decoding, alpha, prediction and efficiency")
              + ("; pred./effic. from the steps and blocks timed apart from any run, decoded: from whole "
                 "decoding calls on held-out prompts" if decoded else "")]
-    headers = ["draft", "T", "gamma", "alpha", "speedup per run", "pred.", "effic."]
+    headers = ["draft", "T", "gamma", "alpha", "speedup per run", "c per run", "pred.", "effic."]
     return _table(headers + (["pred. decoded", "effic. decoded"] if decoded else []), rows, notes, markdown)
