@@ -212,6 +212,10 @@ def test_across_records_gathers_one_configuration_and_leaves_out_other_pairs():
     assert (found["n"], found["low"], found["high"], found["median"]) == (3, 1.4, 1.7, 1.5)
     assert found["left_out"] == ["e.json", "f.json", "h.json"]
     assert found["runs"][0]["speedup_ci95"] == [1.4, 1.6] and found["runs"][0]["date"] == "2026-11-30"
+    assert found["runs"][0]["host_probe_ms"] is None  # the run kept no probe
+    probed = _run("p.json", 1.5)
+    probed["environment"]["host_probe"] = {"softmax_ms": 23.5}
+    assert compare.across_records([probed], batch=1, temperature=1.0, gamma=4)["runs"][0]["host_probe_ms"] == 23.5
     with pytest.raises(ValueError, match="no record has one row"):
         compare.across_records(runs, batch=16, temperature=1.0)
 

@@ -72,10 +72,10 @@ def across_records(records: Sequence[dict], figure: str = "speedup", extra: Sequ
     Only records of the same pair, the same prompt set, the same decoding settings (prompts, new tokens)
     and the same machine model (device and CPU) are compared; the first record sets them, and a record
     that differs is left out and named under ``"left_out"``. Returns ``{"runs": [{"file", "date", figure,
-    figure_ci95}, ...], "low", "high", "median", "n"}``, each run with the row's ``extra`` fields too (its
-    ``calibration``, say); a ValueError when no record has the row. A record
-    of several runs counts each run (:func:`split_runs`); a race of drafts counts the rows of the pair's own
-    draft (the one whose hash is the record's pair)."""
+    figure_ci95, "host_probe_ms"}, ...], "low", "high", "median", "n"}`` (the probe None where the run kept
+    none), each run with the row's ``extra`` fields too (its ``calibration``, say); a ValueError when no
+    record has the row. A record of several runs counts each run (:func:`split_runs`); a race of drafts
+    counts the rows of the pair's own draft (the one whose hash is the record's pair)."""
     def key(record):
         config = record["config"]
         machine = record.get("environment", {})
@@ -95,8 +95,10 @@ def across_records(records: Sequence[dict], figure: str = "speedup", extra: Sequ
             left_out.append(record.get("file", record.get("benchmark", "?")))
             continue
         row = found[0]
+        probe = record["environment"].get("host_probe") or {}
         runs.append({"file": record.get("file", "?"), "date": record["environment"].get("date_utc", "?")[:10],
-                     figure: row[figure], f"{figure}_ci95": row.get(f"{figure}_ci95"),
+                     "host_probe_ms": probe.get("softmax_ms"), figure: row[figure],
+                     f"{figure}_ci95": row.get(f"{figure}_ci95"),
                      **{key: row[key] for key in extra}})
     if not runs:
         shown = ", ".join(f"{k}={v!r}" for k, v in fields.items())

@@ -138,7 +138,8 @@ def format_sampler_table(record: dict, markdown: bool = False) -> str:
 
 
 DECODE_LEGEND = (
-    "alpha: accepted / tested drafts; tok/fwd: new tokens per row per target call; speedup: plain / speculative "
+    "alpha: accepted / tested drafts; tok/fwd: new tokens per row (one output sequence) per target call, "
+    "however many draft chains that call verifies; speedup: plain / speculative "
     "decode-phase seconds, pooled over prompts and repeats, with its 95% bootstrap interval over groups of "
     "prompts and the median over groups; c, v: a draft step and a verification step over gamma+1 positions, "
     "relative to a plain step, calibrated apart from the runs; pred.: tok/fwd / (gamma c + v); effic.: "
