@@ -58,3 +58,24 @@ def test_markdown_tables_keep_cells_as_given_and_align_each_column():
     assert markdown_table([["a", "1"]], ["x", "y"]).splitlines()[1] == "|:----|----:|"  # default: l, then r
     with pytest.raises(ValueError, match="one of l, r, c per column"):
         markdown_table([["a"]], ["x", "y"], "l")
+
+
+def test_a_runs_table_names_each_chains_row_by_its_count():
+    from speculative.measure.report import format_runs_table
+
+    record = load_record("multidraft_repeat_cpu.json")
+    counts = sorted({row["drafts"] for row in record["results"] if row["rule"] == "chains"})
+    assert len(counts) > 1
+    text = format_runs_table(record, markdown=True)
+    for k in counts:
+        wanted = sum(row["rule"] == "chains" and row["drafts"] == k for row in record["results"])
+        assert text.count(f"| chains ×{k} ") == wanted, k
+
+
+def test_a_decode_table_marks_each_verification_price_below_1():
+    import copy
+
+    decode = copy.deepcopy(load_record("decode_cpu.json"))
+    assert not re.findall(r"\s\d\.\d\d\*\s", format_decode_table(decode))  # every v here is at least 1
+    decode["results"][1]["calibration"]["v"] = 0.96
+    assert re.findall(r"\s(\d\.\d\d)\*\s", format_decode_table(decode)) == ["0.96"]

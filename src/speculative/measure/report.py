@@ -142,8 +142,9 @@ DECODE_LEGEND = (
     "however many draft chains that call verifies; speedup: plain / speculative "
     "decode-phase seconds, pooled over prompts and repeats, with its 95% bootstrap interval over groups of "
     "prompts and the median over groups; c, v: a draft step and a verification step over gamma+1 positions, "
-    "relative to a plain step, calibrated apart from the runs; pred.: tok/fwd / (gamma c + v); effic.: "
-    "speedup / pred. A v below 1 (a step over gamma+1 positions cheaper than over one) is timing noise.")
+    "relative to a plain step, calibrated apart from the runs (a config's forward_times_from names where the "
+    "per-forward cost breakdown was timed, not c and v); pred.: tok/fwd / (gamma c + v); effic.: speedup / pred. "
+    "A v below 1, marked *, is a step over gamma+1 positions timed cheaper than one over one: timing noise.")
 
 
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None,
@@ -164,7 +165,8 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
         rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
                      f"{row['tokens_per_target_forward']:.2f}", f"{row['speedup']:.2f}{times}", interval,
                      f"{row['speedup_median']:.2f}{times}", f"{row['calibration']['c']:.3f}",
-                     f"{row['calibration']['v']:.2f}", f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
+                     f"{row['calibration']['v']:.2f}" + ("*" if row["calibration"]["v"] < 1 else ""),
+                     f"{row['predicted']:.2f}{times}", f"{row['efficiency']:.2f}"])
         if decoded:
             rows[-1] += [f"{row['predicted_decoded']:.2f}{times}", f"{row['efficiency_decoded']:.2f}"] \
                 if "predicted_decoded" in row else ["-", "-"]
@@ -190,11 +192,15 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
 
 def format_runs_table(record: dict, markdown: bool = False) -> str:
     """Return a record of several runs as a table: one line per configuration, each run's speedup with its
-    95% interval within the run, and the range over the runs; then what each run was measured on."""
+    95% interval within the run, and the range over the runs; then what each run was measured on. Rows of
+    several draft chains name their count (``chains ×2``)."""
     times, dash = ("×", "–") if markdown else ("x", "-")
     rows = []
     for row in record["results"]:
-        cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), row.get("rule", "token")]
+        rule = row.get("rule", "token")
+        if rule == "chains":
+            rule += f" {times}{row.get('drafts', 1)}"
+        cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), rule]
         for run in row["runs"]:
             low, high = run["speedup_ci95"]
             cells.append(f"{run['speedup']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)}; "
