@@ -147,6 +147,12 @@ DECODE_LEGEND = (
     "A v below 1, marked *, is a step over gamma+1 positions timed cheaper than one over one: timing noise.")
 
 
+def _rule_label(row: dict, times: str) -> str:
+    """A row's verification rule as the tables print it; rows of several draft chains name their count."""
+    rule = row.get("rule", "token")
+    return rule + (f" {times}{row.get('drafts', 1)}" if rule == "chains" else "")
+
+
 def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Optional[int] = None,
                         markdown: bool = False, rule: Optional[str] = None) -> str:
     """Return the decode record (optionally one batch size, one gamma or one verification rule) as a table,
@@ -171,8 +177,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
             rows[-1] += [f"{row['predicted_decoded']:.2f}{times}", f"{row['efficiency_decoded']:.2f}"] \
                 if "predicted_decoded" in row else ["-", "-"]
         if several:
-            k = row.get("drafts", 1)
-            rows[-1].insert(3, row.get("rule", "token") + (f" {times}{k}" if row.get("rule") == "chains" else ""))
+            rows[-1].insert(3, _rule_label(row, times))
     config = record["config"]
     notes = [f"measured on {describe_machine(record['environment'])}; pair {record['pair_sha256'][:12]}; "
              f"{config['prompts']} prompts, "
@@ -197,10 +202,7 @@ def format_runs_table(record: dict, markdown: bool = False) -> str:
     times, dash = ("×", "–") if markdown else ("x", "-")
     rows = []
     for row in record["results"]:
-        rule = row.get("rule", "token")
-        if rule == "chains":
-            rule += f" {times}{row.get('drafts', 1)}"
-        cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), rule]
+        cells = [str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), _rule_label(row, times)]
         for run in row["runs"]:
             low, high = run["speedup_ci95"]
             cells.append(f"{run['speedup']:.2f}{times} ({ratio_bound(low)}{dash}{ratio_bound(high)}; "
