@@ -148,9 +148,9 @@ def test_bad_input_is_one_clear_error():
 
 
 def test_select_cases_picks_by_name_and_refuses_a_name_that_matches_none(battery):
-    chosen = select_cases(["K = 2", "three-token"], battery)
+    chosen = select_cases(["BLOCKS OF 2", "three-token"], battery)
     assert [c.name for c in chosen] == [c.name for c in battery if c.name in ("three-token example",
-                                                                              "context-dependent tables, k = 2")]
+                                                                              "context-dependent tables, blocks of 2")]
     with pytest.raises(ValueError, match="no case of the battery is named like 'nosuch'") as error:
         select_cases(["three-token", "nosuch"], battery)
     assert "\n" not in str(error.value) and battery[-1].name in str(error.value)

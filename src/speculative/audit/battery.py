@@ -8,7 +8,7 @@ the number of drafts, and what the audit tests on it (:mod:`core`): ``block`` ca
 cases (one drafted token, any vocabulary) the joint law of the emitted token and whether the draft was
 accepted. :func:`default_battery` holds random pairs from V = 2 to 32,000, p = q, tokens the target
 rules out, a near one-hot pair, a pair whose residual is zero only by rounding, context-dependent
-tables for k = 1 to 4, half-precision inputs and transformed (temperature, top-k, top-p) pairs; cases
+tables for blocks of 1 to 4 drafted tokens, half-precision inputs and transformed (temperature, top-k, top-p) pairs; cases
 marked ``edges`` are also run with every uniform at its extremes. :func:`select_cases` picks some by name.
 """
 
@@ -126,7 +126,7 @@ def default_battery() -> list[AuditCase]:
                            _constant(q.tolist(), normalise=False), law="first", tv=0.05, edges=True,
                            context_free=True))
     for gamma in (1, 2, 3, 4):
-        cases.append(AuditCase(f"context-dependent tables, k = {gamma}", 4, gamma,
+        cases.append(AuditCase(f"context-dependent tables, blocks of {gamma}", 4, gamma,
                                exact.RandomTableModel(4, 100 + gamma), exact.RandomTableModel(4, 200 + gamma),
                                law="block", tv=0.05))
     for dtype in (torch.float16, torch.bfloat16):
