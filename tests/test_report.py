@@ -7,7 +7,13 @@ import pytest
 
 from speculative import defaults
 from speculative.book.glue import load_record
-from speculative.measure.report import format_decode_table, format_peer_table, interval_text, ratio_bound
+from speculative.measure.report import (
+    format_decode_table,
+    format_peer_table,
+    format_sampler_table,
+    interval_text,
+    ratio_bound,
+)
 
 
 @pytest.mark.parametrize("value, text", [(0.9969, "0.997"), (1.0031, "1.003"), (0.99996, "0.99996"),
@@ -79,3 +85,15 @@ def test_a_decode_table_marks_each_verification_price_below_1():
     assert not re.findall(r"\s\d\.\d\d\*\s", format_decode_table(decode))  # every v here is at least 1
     decode["results"][1]["calibration"]["v"] = 0.96
     assert re.findall(r"\s(\d\.\d\d)\*\s", format_decode_table(decode)) == ["0.96"]
+
+
+def test_sampler_table_gives_each_ratio_its_extremes_over_the_runs():
+    timings = {"batched": {"median_s": 1.0, "min_s": 0.5, "max_s": 2.0, "repeats": 3},
+               "reference": {"median_s": 4.0, "min_s": 3.0, "max_s": 6.0, "repeats": 3}}
+    record = {"config": {"k": 4, "repeats": 3, "seed": 0},
+              "environment": {"device": "cpu", "cpu": "test CPU", "cpu_count": 2, "threads": 2, "torch": "2"},
+              "results": [{"batch": 1, "vocab": 8, "batched_positions_per_s": 4.0, "reference_positions_per_s": 1.0,
+                           "speedup": 4.0, "timings": timings}]}
+    text = format_sampler_table(record, markdown=True)
+    assert "1.5-12.0x" in text  # 3.0 / 2.0 and 6.0 / 0.5
+    assert "k = 4 drafts per row, 3 interleaved runs" in text

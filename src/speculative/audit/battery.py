@@ -8,8 +8,9 @@ the number of drafts, and what the audit tests on it (:mod:`core`): ``block`` ca
 cases (one drafted token, any vocabulary) the joint law of the emitted token and whether the draft was
 accepted. :func:`default_battery` holds random pairs from V = 2 to 32,000, p = q, tokens the target
 rules out, a near one-hot pair, a pair whose residual is zero only by rounding, context-dependent
-tables for blocks of 1 to 4 drafted tokens, half-precision inputs and transformed (temperature, top-k, top-p) pairs; cases
-marked ``edges`` are also run with every uniform at its extremes. :func:`select_cases` picks some by name.
+tables for blocks of 1 to 4 drafted tokens, half-precision inputs and transformed (temperature, top-k,
+top-p) pairs; cases marked ``edges`` are also run with every uniform at its extremes.
+:func:`select_cases` picks some by name.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def describe_machine(environment: dict) -> str:
 
 
 SAMPLER_LEGEND = ("batch: rows per call; V: vocabulary; pos/s: drafted positions verified per second (batch x k per "
-                  "call, median of interleaved runs); ratio: batched / reference")
+                  "call, median of interleaved runs); ratio: batched / reference; extremes: the slowest batched "
+                  "run against the fastest reference run, and the reverse")
 
 
 def ratio_bound(value: float, digits: int = 2) -> str:
@@ -131,10 +132,17 @@ def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown
 
 def format_sampler_table(record: dict, markdown: bool = False) -> str:
     """Return the sampler record as a table (plain text, or Markdown with ``markdown=True``) with a legend."""
+    def extremes(timings: dict) -> str:
+        batched, reference = timings["batched"], timings["reference"]
+        return f"{reference['min_s'] / batched['max_s']:.1f}-{reference['max_s'] / batched['min_s']:.1f}x"
+
     rows = [[str(row["batch"]), str(row["vocab"]), f"{row['batched_positions_per_s']:,.0f}",
-             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x"] for row in record["results"]]
-    notes = [f"measured on {describe_machine(record['environment'])}", SAMPLER_LEGEND]
-    return _table(["batch", "V", "batched pos/s", "reference pos/s", "ratio"], rows, notes, markdown)
+             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x", extremes(row["timings"])]
+            for row in record["results"]]
+    config = record["config"]
+    notes = [f"measured on {describe_machine(record['environment'])}; k = {config['k']} drafts per row, "
+             f"{config['repeats']} interleaved runs of each side", SAMPLER_LEGEND]
+    return _table(["batch", "V", "batched pos/s", "reference pos/s", "ratio", "extremes"], rows, notes, markdown)
 
 
 DECODE_LEGEND = (
