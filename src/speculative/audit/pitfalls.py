@@ -268,9 +268,8 @@ PITFALLS: list[Pitfall] = [
     Pitfall("unnormalized_residual", "Unnormalised residual",
             "The residual max(p - q, 0) is sampled by inverse CDF without dividing by its mass; the overrun "
             "is clamped to the last token id.",
-            "figures that omit the normalisation (seed article); "
-            "transformers #28508 fixed a residual normalised with softmax",
-            exact_unnormalized_residual, sample_unnormalized_residual, cites=("yaotu2026seed", "transformers28508")),
+            "figures that omit the normalisation (seed article); no shipped instance verified",
+            exact_unnormalized_residual, sample_unnormalized_residual, cites=("yaotu2026seed",)),
     Pitfall("unguarded_zero_residual", "Zero residual divided anyway",
             "The residual is divided by its mass with no guard; when rounding makes p fall below q everywhere "
             "the mass is 0, the weights are NaN, and the sampler returns the id V.",
