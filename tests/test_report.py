@@ -83,8 +83,24 @@ def test_a_decode_table_marks_each_verification_price_below_1():
 
     decode = copy.deepcopy(load_record("decode_cpu.json"))
     assert not re.findall(r"\s\d\.\d\d\*\s", format_decode_table(decode))  # every v here is at least 1
+    assert "marked *" not in format_decode_table(decode)  # the legend explains no mark the table lacks
     decode["results"][1]["calibration"]["v"] = 0.96
     assert re.findall(r"\s(\d\.\d\d)\*\s", format_decode_table(decode)) == ["0.96"]
+    assert "marked *" in format_decode_table(decode)
+    assert "marked *" not in format_decode_table(decode, batch=decode["results"][1]["batch"] + 1)
+
+
+def test_a_decode_table_explains_the_policy_and_forward_times_only_when_present():
+    import copy
+
+    decode = copy.deepcopy(load_record("decode_cpu.json"))
+    decode["config"].pop("forward_times_from", None)
+    text = format_decode_table(decode)
+    assert "forward_times_from" not in text and "cost-model policy" not in text
+    decode["config"]["forward_times_from"] = "the timed runs"
+    decode["results"][0]["gamma"] = "auto"
+    text = format_decode_table(decode)
+    assert "forward_times_from" in text and "cost-model policy" in text
 
 
 def test_sampler_table_gives_each_ratio_its_extremes_over_the_runs():

@@ -150,9 +150,13 @@ DECODE_LEGEND = (
     "however many draft chains that call verifies; speedup: plain / speculative "
     "decode-phase seconds, pooled over prompts and repeats, with its 95% bootstrap interval over groups of "
     "prompts and the median over groups; c, v: a draft step and a verification step over gamma+1 positions, "
-    "relative to a plain step, calibrated apart from the runs (a config's forward_times_from names where the "
-    "per-forward cost breakdown was timed, not c and v); pred.: tok/fwd / (gamma c + v); effic.: speedup / pred. "
-    "A v below 1, marked *, is a step over gamma+1 positions timed cheaper than one over one: timing noise.")
+    "relative to a plain step, calibrated apart from the runs; pred.: tok/fwd / (gamma c + v); "
+    "effic.: speedup / pred.")
+#: Legend clauses a decode table adds only when what they explain is in it.
+V_BELOW_ONE_NOTE = ("A v below 1, marked *, is a step over gamma+1 positions timed cheaper than one over one: "
+                    "timing noise.")
+FORWARD_TIMES_NOTE = ("The config's forward_times_from names where the per-forward cost breakdown was timed, not c "
+                      "and v.")
 
 
 def _rule_label(row: dict, times: str) -> str:
@@ -191,13 +195,20 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
              f"{config['prompts']} prompts, "
              f"{config['repeats']} repeat{'s' if config['repeats'] != 1 else ''}, {config['max_new_tokens']} new "
              "tokens each", DECODE_LEGEND]
+    shown = [row for row in record["results"] if (batch is None or row["batch"] == batch)
+             and (gamma is None or row["gamma"] == gamma) and (rule is None or row.get("rule", "token") == rule)]
+    if any(row["calibration"]["v"] < 1 for row in shown):
+        notes[-1] += " " + V_BELOW_ONE_NOTE
+    if "forward_times_from" in config:
+        notes[-1] += " " + FORWARD_TIMES_NOTE
     headers = ["batch", "T", "gamma", "alpha", "tok/fwd", "speedup", "95% interval", "median", "c", "v", "pred.",
                "effic."]
     if decoded:
         headers += ["pred. dec.", "effic. dec."]
         notes.append("pred. dec., effic. dec.: the prediction from whole decoding calls on held-out prompts, made "
                      "by the calibration (c from the draft step, v from a decoded block beyond its draft steps), and "
-                     "the speedup over it; none for the cost-model policy, whose blocks vary in length")
+                     "the speedup over it" + ("; none for the cost-model policy, whose blocks vary in length"
+                                              if any(row["gamma"] == "auto" for row in shown) else ""))
     if several:
         headers.insert(3, "rule")
     return _table(headers, rows, notes, markdown)
