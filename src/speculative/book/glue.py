@@ -158,7 +158,7 @@ def named_drafts(record: dict) -> dict:
 READ_BY = {
     "agreement_cpu.json": ("14_which_draft",),
     "decode_cpu.json": ("07_cost_model", "08_decoding_demo", "14_which_draft"),
-    "drafts_cpu.json": ("08_decoding_demo", "14_which_draft"),
+    "drafts_cpu.json": ("14_which_draft",),
     "drafts_price_cpu.json": ("14_which_draft",),
     "drafts_intel_cpu.json": ("14_which_draft",),
     "drafts_long_cpu.json": ("14_which_draft", "00_results"),
