@@ -9,7 +9,7 @@ import statistics
 
 from speculative.measure.rows import SamplerRow
 
-__all__ = ["sampler_rows"]
+__all__ = ["sampler_rows", "ratio_extremes"]
 
 
 def sampler_rows(record: dict) -> list[SamplerRow]:
@@ -24,3 +24,10 @@ def sampler_rows(record: dict) -> list[SamplerRow]:
         rows.append(SamplerRow(batch=o["batch"], k=o["k"], vocab=o["vocab"], batched_positions_per_s=batched,
                                reference_positions_per_s=reference, speedup=batched / reference, timings=timings))
     return rows
+
+
+def ratio_extremes(timings: dict) -> tuple[float, float]:
+    """The batched sampler's speed over the reference's at their extremes over the timed repeats: the slowest
+    batched run against the fastest reference run, and the fastest batched run against the slowest."""
+    batched, reference = timings["batched"], timings["reference"]
+    return reference["min_s"] / batched["max_s"], reference["max_s"] / batched["min_s"]

@@ -16,6 +16,7 @@ from typing import Optional
 from tabulate import tabulate
 
 from speculative import defaults
+from speculative.measure.analysis_sampler import ratio_extremes
 
 
 class Shown:
@@ -133,8 +134,8 @@ def _table(headers: list[str], rows: list[list[str]], notes: list[str], markdown
 def format_sampler_table(record: dict, markdown: bool = False) -> str:
     """Return the sampler record as a table (plain text, or Markdown with ``markdown=True``) with a legend."""
     def extremes(timings: dict) -> str:
-        batched, reference = timings["batched"], timings["reference"]
-        return f"{reference['min_s'] / batched['max_s']:.1f}-{reference['max_s'] / batched['min_s']:.1f}x"
+        low, high = ratio_extremes(timings)
+        return f"{low:.1f}-{high:.1f}x"
 
     rows = [[str(row["batch"]), str(row["vocab"]), f"{row['batched_positions_per_s']:,.0f}",
              f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x", extremes(row["timings"])]
@@ -173,11 +174,9 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
     rows = []
     several = len(record["config"].get("rules", ["token"])) > 1 or max(record["config"].get("drafts", [1])) > 1
     decoded = any("predicted_decoded" in row for row in record["results"])
-    for row in record["results"]:
-        if (batch is not None and row["batch"] != batch) or (gamma is not None and row["gamma"] != gamma):
-            continue
-        if rule is not None and row.get("rule", "token") != rule:
-            continue
+    shown = [row for row in record["results"] if (batch is None or row["batch"] == batch)
+             and (gamma is None or row["gamma"] == gamma) and (rule is None or row.get("rule", "token") == rule)]
+    for row in shown:
         times, dash = ("×", "–") if markdown else ("x", "-")
         interval = interval_text(row["speedup_ci95"], row["groups"], dash)
         rows.append([str(row["batch"]), f"{row['temperature']:g}", str(row["gamma"]), f"{row['alpha']:.3f}",
@@ -195,8 +194,6 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
              f"{config['prompts']} prompts, "
              f"{config['repeats']} repeat{'s' if config['repeats'] != 1 else ''}, {config['max_new_tokens']} new "
              "tokens each", DECODE_LEGEND]
-    shown = [row for row in record["results"] if (batch is None or row["batch"] == batch)
-             and (gamma is None or row["gamma"] == gamma) and (rule is None or row.get("rule", "token") == rule)]
     if any(row["calibration"]["v"] < 1 for row in shown):
         notes[-1] += " " + V_BELOW_ONE_NOTE
     if "forward_times_from" in config:
