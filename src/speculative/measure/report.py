@@ -158,6 +158,11 @@ V_BELOW_ONE_NOTE = ("A v below 1, marked *, is a step over gamma+1 positions tim
                     "timing noise.")
 FORWARD_TIMES_NOTE = ("The config's forward_times_from names where the per-forward cost breakdown was timed, not c "
                       "and v.")
+#: The legend of a decode table's two columns from whole decoding calls, and its clause for the policy's rows.
+DECODED_NOTE = ("pred. dec., effic. dec.: the prediction from whole decoding calls on held-out prompts, made by the "
+                "calibration (c from the draft step, v from a decoded block beyond its draft steps), and the speedup "
+                "over it")
+DECODED_POLICY_CLAUSE = "; none for the cost-model policy, whose blocks vary in length"
 
 
 def _rule_label(row: dict, times: str) -> str:
@@ -202,10 +207,7 @@ def format_decode_table(record: dict, batch: Optional[int] = None, gamma: Option
                "effic."]
     if decoded:
         headers += ["pred. dec.", "effic. dec."]
-        notes.append("pred. dec., effic. dec.: the prediction from whole decoding calls on held-out prompts, made "
-                     "by the calibration (c from the draft step, v from a decoded block beyond its draft steps), and "
-                     "the speedup over it" + ("; none for the cost-model policy, whose blocks vary in length"
-                                              if any(row["gamma"] == "auto" for row in shown) else ""))
+        notes.append(DECODED_NOTE + (DECODED_POLICY_CLAUSE if any(row["gamma"] == "auto" for row in shown) else ""))
     if several:
         headers.insert(3, "rule")
     return _table(headers, rows, notes, markdown)
