@@ -138,7 +138,7 @@ def format_sampler_table(record: dict, markdown: bool = False) -> str:
         return f"{low:.1f}-{high:.1f}x"
 
     rows = [[str(row["batch"]), str(row["vocab"]), f"{row['batched_positions_per_s']:,.0f}",
-             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.1f}x", extremes(row["timings"])]
+             f"{row['reference_positions_per_s']:,.0f}", f"{row['speedup']:.2f}x", extremes(row["timings"])]
             for row in record["results"]]
     config = record["config"]
     notes = [f"measured on {describe_machine(record['environment'])}; k = {config['k']} drafts per row, "
